@@ -1,0 +1,52 @@
+# The two commands a new machine needs: `make run` (the ledger with demo traffic) and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install broker broker-stop topics run demo test test-core bench bench-core soak clean
+
+$(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+	scripts/kafka.sh fetch
+
+broker: install
+	scripts/kafka.sh start
+
+broker-stop:
+	scripts/kafka.sh stop
+
+topics: broker
+	$(BIN)/ledger topics create
+
+# Broker (unless KAFKA_BOOTSTRAP is set), topics, worker, demo traffic; Ctrl-C stops what it started.
+run: install
+	scripts/run.sh
+
+demo: install
+	scripts/with-broker.sh $(BIN)/ledger demo
+
+test: install
+	scripts/with-broker.sh $(BIN)/pytest -q $(PYTEST_ARGS)
+
+test-core: $(STAMP)
+	$(BIN)/pytest -q tests/core
+
+bench: install
+	scripts/with-broker.sh $(BIN)/python benchmarks/engine_bench.py
+
+bench-core: $(STAMP)
+	$(BIN)/python benchmarks/core_bench.py
+
+soak: install
+	scripts/with-broker.sh $(BIN)/python benchmarks/kill_soak.py
+
+clean: broker-stop
+	rm -rf .state

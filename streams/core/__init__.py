@@ -1,0 +1,66 @@
+"""The pure ledger core: exact money, accounts, balanced transactions, holds, results as values.
+
+Imports only the standard library (checked by tests/core/test_purity.py). See docs/core.md.
+"""
+
+from streams.core.apply import apply
+from streams.core.commands import (
+    CloseAccount,
+    Command,
+    ExpireHold,
+    FreezeAccount,
+    OpenAccount,
+    PlaceHold,
+    PostTransaction,
+    ReleaseHold,
+    UnfreezeAccount,
+    accounts_touched,
+    reversal_of,
+)
+from streams.core.decide import MAX_LEGS, decide, execute
+from streams.core.events import (
+    AccountOpened,
+    AccountStatusChanged,
+    Event,
+    HoldExpired,
+    HoldPlaced,
+    HoldReleased,
+    TransactionPosted,
+)
+from streams.core.invariants import assert_changes_balanced, check_account, check_hold
+from streams.core.model import (
+    DEFAULT_POLICY,
+    SYSTEM_POLICY,
+    Account,
+    AccountPolicy,
+    AccountStatus,
+    HistoryEntry,
+    Hold,
+    HoldStatus,
+    Leg,
+    routing_key_for,
+)
+from streams.core.money import (
+    DEFAULT_CURRENCIES,
+    MAX_ABS_AMOUNT,
+    Currency,
+    CurrencyRegistry,
+    format_amount,
+    parse_amount,
+)
+from streams.core.rejections import Rejection
+from streams.core.results import Processed, Result
+from streams.core.state import Changes, InboxKey, MemoryState, StateReader, no_changes
+from streams.core.views import BalanceView, balance_as_of_seq, balance_as_of_time
+
+__all__ = [
+    "Account", "AccountOpened", "AccountPolicy", "AccountStatus", "AccountStatusChanged", "BalanceView",
+    "Changes", "CloseAccount", "Command", "Currency", "CurrencyRegistry", "DEFAULT_CURRENCIES",
+    "DEFAULT_POLICY", "Event", "ExpireHold", "FreezeAccount", "HistoryEntry", "Hold", "HoldExpired",
+    "HoldPlaced", "HoldReleased", "HoldStatus", "InboxKey", "Leg", "MAX_ABS_AMOUNT", "MAX_LEGS",
+    "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "Processed", "Rejection", "ReleaseHold",
+    "Result", "SYSTEM_POLICY", "StateReader", "TransactionPosted", "UnfreezeAccount", "accounts_touched",
+    "apply", "assert_changes_balanced", "balance_as_of_seq", "balance_as_of_time", "check_account",
+    "check_hold", "decide", "execute", "format_amount", "no_changes", "parse_amount", "reversal_of",
+    "routing_key_for",
+]

@@ -1,0 +1,286 @@
+"""What clients ask the ledger to do. Every command is a frozen value with an id scoped by its client.
+
+``at_ms`` is the command's log time (Kafka record timestamp, ms since epoch): the only clock the core knows.
+It drives hold expiry and ``updated_at_ms`` and is excluded from the fingerprint, so a redelivery at another
+time is still recognised as the same command (P4).
+
+Fields are keyword-only: commands are built from decoded messages by name, and positional construction of
+records this wide invites silent mix-ups.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Union
+
+from streams.core._checks import (
+    require_int,
+    require_optional_int,
+    require_optional_str,
+    require_str,
+)
+from streams.core.model import AccountPolicy, Leg
+
+
+class _CommandBase:
+    """Shared behaviour: the idempotency key and the payload fingerprint."""
+
+    __slots__ = ()
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """The inbox key: (client_id, command_id). Ids are unique per client, not globally."""
+        return (self.client_id, self.command_id)  # type: ignore[attr-defined]
+
+    def fingerprint(self) -> str:
+        """sha256 hex of the canonical payload (type name and every field except at_ms).
+
+        Canonical = a JSON array in declared field order, ASCII only, no spaces; ints are exact decimal.
+        Same id + same fingerprint -> duplicate; same id + other fingerprint -> id_conflict.
+        """
+        encoded = json.dumps(self._payload(), ensure_ascii=True, separators=(",", ":"))  # type: ignore
+        return hashlib.sha256(encoded.encode("ascii")).hexdigest()
+
+    def _check_common(self) -> None:
+        require_str(self.command_id, "command_id")  # type: ignore[attr-defined]
+        require_str(self.client_id, "client_id")  # type: ignore[attr-defined]
+        require_int(self.at_ms, "at_ms")  # type: ignore[attr-defined]
+
+
+def _policy_payload(policy: AccountPolicy) -> list:
+    return [policy.allow_negative, policy.overdraft_limit, policy.max_balance]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenAccount(_CommandBase):
+    """Create an account in a registered currency with a policy."""
+
+    command_id: str  # unique per client; the idempotency key with client_id
+    client_id: str  # the producer that issued the command
+    at_ms: int  # log time, ms since epoch
+    account_id: str  # the new account's id, e.g. "user:42:USDT"
+    currency: str  # code of a registered currency
+    policy: AccountPolicy = AccountPolicy()  # negative / overdraft / cap rules
+    routing_key: str | None = None  # None -> routing_key_for(account_id), the owner part
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.account_id, "account_id")
+        require_str(self.currency, "currency")
+        if not isinstance(self.policy, AccountPolicy):
+            raise TypeError(f"policy must be an AccountPolicy, got {self.policy!r}")
+        require_optional_str(self.routing_key, "routing_key")
+
+    def _payload(self) -> list:
+        return [
+            "OpenAccount", self.client_id, self.command_id, self.account_id, self.currency,
+            _policy_payload(self.policy), self.routing_key,
+        ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FreezeAccount(_CommandBase):
+    """Stop debits and new holds on an open account (credits still arrive)."""
+
+    command_id: str  # unique per client
+    client_id: str  # the producer that issued the command
+    at_ms: int  # log time, ms since epoch
+    account_id: str  # the account to freeze
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.account_id, "account_id")
+
+    def _payload(self) -> list:
+        return ["FreezeAccount", self.client_id, self.command_id, self.account_id]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnfreezeAccount(_CommandBase):
+    """Return a frozen account to open."""
+
+    command_id: str  # unique per client
+    client_id: str  # the producer that issued the command
+    at_ms: int  # log time, ms since epoch
+    account_id: str  # the account to unfreeze
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.account_id, "account_id")
+
+    def _payload(self) -> list:
+        return ["UnfreezeAccount", self.client_id, self.command_id, self.account_id]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CloseAccount(_CommandBase):
+    """Close an account for good; only when posted == 0 and nothing is held."""
+
+    command_id: str  # unique per client
+    client_id: str  # the producer that issued the command
+    at_ms: int  # log time, ms since epoch
+    account_id: str  # the account to close
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.account_id, "account_id")
+
+    def _payload(self) -> list:
+        return ["CloseAccount", self.client_id, self.command_id, self.account_id]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PostTransaction(_CommandBase):
+    """Post balanced legs atomically. A debit leg naming hold_id is a capture from that hold."""
+
+    command_id: str  # unique per client
+    client_id: str  # the producer that issued the command
+    at_ms: int  # log time, ms since epoch
+    transaction_id: str  # the transaction's id (recommended: equal to command_id; not separately deduplicated)
+    legs: tuple[Leg, ...]  # >= 2 legs; each currency's legs sum to zero; currencies come from the accounts
+    kind: str = "transfer"  # reason: deposit, withdrawal, fee, trade, refund, fx, reversal, adjustment ...
+    reference: str | None = None  # external reference id (order id, payment id)
+    links: tuple[str, ...] = ()  # related transaction ids (a refund or a reversal names what it undoes)
+    metadata: tuple[tuple[str, str], ...] = ()  # free key/value pairs, keys unique, order kept
+    occurred_at_ms: int | None = None  # business time; may be back-dated; None means at_ms
+    rate_snapshot_id: str | None = None  # for FX: the rate snapshot the amounts were computed from
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.transaction_id, "transaction_id")
+        if type(self.legs) is not tuple:
+            raise TypeError("legs must be a tuple of Leg")
+        for leg in self.legs:
+            if type(leg) is not Leg:
+                raise TypeError(f"legs must be Leg values, got {leg!r}")
+        require_str(self.kind, "kind")
+        require_optional_str(self.reference, "reference")
+        if type(self.links) is not tuple or any(type(x) is not str for x in self.links):
+            raise TypeError("links must be a tuple of str")
+        if type(self.metadata) is not tuple or any(
+            type(p) is not tuple or len(p) != 2 or type(p[0]) is not str or type(p[1]) is not str
+            for p in self.metadata
+        ):
+            raise TypeError("metadata must be a tuple of (str, str) pairs")
+        require_optional_int(self.occurred_at_ms, "occurred_at_ms")
+        require_optional_str(self.rate_snapshot_id, "rate_snapshot_id")
+
+    def _payload(self) -> list:
+        return [
+            "PostTransaction", self.client_id, self.command_id, self.transaction_id,
+            [[leg.account_id, leg.amount, leg.hold_id, leg.currency] for leg in self.legs],
+            self.kind, self.reference, list(self.links), [list(p) for p in self.metadata],
+            self.occurred_at_ms, self.rate_snapshot_id,
+        ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlaceHold(_CommandBase):
+    """Reserve amount on an account (e.g. an order); only if available covers it."""
+
+    command_id: str  # unique per client
+    client_id: str  # the producer that issued the command
+    at_ms: int  # log time, ms since epoch
+    hold_id: str  # the new hold's id, unique ledger-wide (e.g. the order id)
+    account_id: str  # the account whose money is reserved
+    amount: int  # minor units to reserve; > 0
+    expires_at_ms: int | None = None  # log time from which ExpireHold may end it; must be after at_ms
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.hold_id, "hold_id")
+        require_str(self.account_id, "account_id")
+        require_int(self.amount, "amount")
+        require_optional_int(self.expires_at_ms, "expires_at_ms")
+
+    def _payload(self) -> list:
+        return [
+            "PlaceHold", self.client_id, self.command_id, self.hold_id, self.account_id, self.amount,
+            self.expires_at_ms,
+        ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReleaseHold(_CommandBase):
+    """Return the remainder of an open hold to available (e.g. order cancelled or filled)."""
+
+    command_id: str  # unique per client
+    client_id: str  # the producer that issued the command
+    at_ms: int  # log time, ms since epoch
+    hold_id: str  # the hold to release
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.hold_id, "hold_id")
+
+    def _payload(self) -> list:
+        return ["ReleaseHold", self.client_id, self.command_id, self.hold_id]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpireHold(_CommandBase):
+    """Issued by the engine once log time reaches a hold's expires_at_ms; returns the remainder."""
+
+    command_id: str  # unique per client (the engine uses a deterministic id, e.g. "expire:<hold_id>")
+    client_id: str  # the issuer (the engine)
+    at_ms: int  # log time, ms since epoch; must be >= the hold's expires_at_ms
+    hold_id: str  # the hold to expire
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.hold_id, "hold_id")
+
+    def _payload(self) -> list:
+        return ["ExpireHold", self.client_id, self.command_id, self.hold_id]
+
+
+Command = Union[
+    OpenAccount, FreezeAccount, UnfreezeAccount, CloseAccount, PostTransaction, PlaceHold, ReleaseHold,
+    ExpireHold,
+]
+
+
+def accounts_touched(command: Command) -> tuple[str, ...]:
+    """The account ids a command names, distinct, in first-mention order.
+
+    ReleaseHold and ExpireHold name no account (only a hold): the engine reads the hold to find it.
+    """
+    if isinstance(command, PostTransaction):
+        return tuple(dict.fromkeys(leg.account_id for leg in command.legs))
+    if isinstance(command, (OpenAccount, FreezeAccount, UnfreezeAccount, CloseAccount, PlaceHold)):
+        return (command.account_id,)
+    if isinstance(command, (ReleaseHold, ExpireHold)):
+        return ()
+    raise TypeError(f"not a command: {command!r}")
+
+
+def reversal_of(
+    original: object,
+    *,
+    transaction_id: str,
+    command_id: str,
+    client_id: str,
+    at_ms: int,
+    reference: str | None = None,
+) -> PostTransaction:
+    """A new transaction that mirrors original (a PostTransaction or a TransactionPosted) and links to it.
+
+    Entries are never edited: a correction is this reversing transaction. Captures are mirrored as plain legs
+    (the money goes back to available, not into the ended hold).
+    """
+    legs = tuple(Leg(leg.account_id, -leg.amount, None, leg.currency) for leg in original.legs)  # type: ignore
+    return PostTransaction(
+        command_id=command_id,
+        client_id=client_id,
+        at_ms=at_ms,
+        transaction_id=transaction_id,
+        legs=legs,
+        kind="reversal",
+        reference=reference if reference is not None else original.reference,  # type: ignore
+        links=(original.transaction_id,),  # type: ignore[attr-defined]
+        metadata=(),
+        occurred_at_ms=None,
+        rate_snapshot_id=original.rate_snapshot_id,  # type: ignore[attr-defined]
+    )

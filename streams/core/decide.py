@@ -1,0 +1,386 @@
+"""decide(state, command) -> Result, and execute = decide + apply -> (Result, Changes).
+
+Decision path, for every command:
+  1. shape: command_id and client_id must be non-empty (else invalid_command, not remembered: no inbox key);
+  2. inbox: a key already decided with the same fingerprint -> the stored result, duplicate=True, no changes;
+     with another fingerprint -> id_conflict, no changes (the stored entry stays);
+  3. judge: the rules of the command, checked in stages; within a stage every failing rule is collected and
+     the one with the lowest Rejection value wins, so the reason follows the precedence of rejections.py;
+  4. accepted -> events; apply(events) -> complete records; assert the decision balances per currency (P1);
+  5. the inbox entry (fingerprint, result) joins the Changes, for accepted and rejected commands alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from streams.core.apply import apply
+from streams.core.commands import (
+    CloseAccount,
+    Command,
+    ExpireHold,
+    FreezeAccount,
+    OpenAccount,
+    PlaceHold,
+    PostTransaction,
+    ReleaseHold,
+    UnfreezeAccount,
+)
+from streams.core.events import (
+    AccountOpened,
+    AccountStatusChanged,
+    Event,
+    HoldExpired,
+    HoldPlaced,
+    HoldReleased,
+    TransactionPosted,
+)
+from streams.core.invariants import assert_changes_balanced
+from streams.core.model import Account, AccountStatus, HoldStatus, routing_key_for
+from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, CurrencyRegistry
+from streams.core.rejections import Rejection
+from streams.core.results import ACCEPTED, REJECTED, Processed, Result
+from streams.core.state import Changes, StateReader, no_changes
+
+__all__ = ["decide", "execute", "apply", "Result", "MAX_LEGS"]
+
+# More legs than this is refused as invalid_command: a bound on the work and size of one decision.
+MAX_LEGS = 256
+
+# A judgement: accepted events, or the winning (reason, detail) of a rejection.
+_Failure = tuple[Rejection, str]
+_Judgement = "tuple[Event, ...] | _Failure"
+
+_INVALID = Rejection.INVALID_COMMAND
+_OPEN = AccountStatus.OPEN
+_FROZEN = AccountStatus.FROZEN
+_CLOSED = AccountStatus.CLOSED
+
+
+def _out_of_range(amount: int) -> bool:
+    return amount > MAX_ABS_AMOUNT or amount < -MAX_ABS_AMOUNT
+
+
+# ---------------------------------------------------------------------------------------------------- accounts
+
+
+def _judge_open(state: StateReader, c: OpenAccount, currencies: CurrencyRegistry) -> _Judgement:
+    failures: list[_Failure] = []
+    policy = c.policy
+    if not c.account_id:
+        failures.append((_INVALID, "account_id is empty"))
+    if c.routing_key == "":
+        failures.append((_INVALID, "routing_key is empty (use None for the default)"))
+    if policy.overdraft_limit < 0:
+        failures.append((_INVALID, "overdraft_limit is negative"))
+    if policy.max_balance is not None and policy.max_balance < 0:
+        failures.append((_INVALID, "max_balance is negative"))
+    if _out_of_range(policy.overdraft_limit) or (policy.max_balance is not None and _out_of_range(policy.max_balance)):
+        failures.append((Rejection.AMOUNT_OUT_OF_RANGE, "policy limit beyond 2**127-1"))
+    if failures:
+        return min(failures)
+    if currencies.get(c.currency) is None:
+        failures.append((Rejection.UNKNOWN_CURRENCY, f"currency {c.currency} is not registered"))
+    if state.account(c.account_id) is not None:
+        failures.append((Rejection.ACCOUNT_EXISTS, f"account {c.account_id} already exists"))
+    if failures:
+        return min(failures)
+    routing_key = c.routing_key if c.routing_key is not None else routing_key_for(c.account_id)
+    return (AccountOpened(account_id=c.account_id, currency=c.currency, routing_key=routing_key,
+                          policy=policy, at_ms=c.at_ms),)
+
+
+def _load_account(state: StateReader, account_id: str) -> Account | _Failure:
+    if not account_id:
+        return (_INVALID, "account_id is empty")
+    account = state.account(account_id)
+    if account is None:
+        return (Rejection.UNKNOWN_ACCOUNT, f"account {account_id} does not exist")
+    return account
+
+
+def _status_event(account: Account, status: AccountStatus, at_ms: int) -> tuple[Event, ...]:
+    return (AccountStatusChanged(account_id=account.id, previous=account.status, status=status, at_ms=at_ms),)
+
+
+def _judge_freeze(state: StateReader, c: FreezeAccount, currencies: CurrencyRegistry) -> _Judgement:
+    account = _load_account(state, c.account_id)
+    if type(account) is tuple:
+        return account
+    if account.status is _CLOSED:
+        return (Rejection.ACCOUNT_CLOSED, f"account {account.id} is closed")
+    if account.status is _FROZEN:
+        return (Rejection.ACCOUNT_FROZEN, f"account {account.id} is already frozen")
+    return _status_event(account, _FROZEN, c.at_ms)
+
+
+def _judge_unfreeze(state: StateReader, c: UnfreezeAccount, currencies: CurrencyRegistry) -> _Judgement:
+    account = _load_account(state, c.account_id)
+    if type(account) is tuple:
+        return account
+    if account.status is _CLOSED:
+        return (Rejection.ACCOUNT_CLOSED, f"account {account.id} is closed")
+    if account.status is not _FROZEN:
+        return (Rejection.ACCOUNT_NOT_FROZEN, f"account {account.id} is not frozen")
+    return _status_event(account, _OPEN, c.at_ms)
+
+
+def _judge_close(state: StateReader, c: CloseAccount, currencies: CurrencyRegistry) -> _Judgement:
+    account = _load_account(state, c.account_id)
+    if type(account) is tuple:
+        return account
+    if account.status is _CLOSED:
+        return (Rejection.ACCOUNT_CLOSED, f"account {account.id} is already closed")
+    if account.posted != 0 or account.held != 0:
+        return (Rejection.ACCOUNT_NOT_EMPTY,
+                f"account {account.id} has posted {account.posted} and held {account.held}")
+    return _status_event(account, _CLOSED, c.at_ms)
+
+
+# ------------------------------------------------------------------------------------------------ transactions
+
+
+def _judge_transaction(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry) -> _Judgement:
+    legs = c.legs
+    failures: list[_Failure] = []
+
+    # Stage 1: shape and amounts (invalid_command, invalid_amount, amount_out_of_range).
+    if not c.transaction_id:
+        failures.append((_INVALID, "transaction_id is empty"))
+    if not c.kind:
+        failures.append((_INVALID, "kind is empty"))
+    if not 2 <= len(legs) <= MAX_LEGS:
+        failures.append((_INVALID, f"a transaction needs 2..{MAX_LEGS} legs, got {len(legs)}"))
+    if c.metadata and len({k for k, _ in c.metadata}) != len(c.metadata):
+        failures.append((_INVALID, "metadata keys are not unique"))
+    for index, leg in enumerate(legs):
+        amount = leg.amount
+        if not leg.account_id:
+            failures.append((_INVALID, f"leg {index}: account_id is empty"))
+        if amount == 0:
+            failures.append((Rejection.INVALID_AMOUNT, f"leg {index}: amount is zero"))
+        elif amount > MAX_ABS_AMOUNT or amount < -MAX_ABS_AMOUNT:
+            failures.append((Rejection.AMOUNT_OUT_OF_RANGE, f"leg {index}: amount beyond 2**127-1"))
+        if leg.hold_id is not None and (amount > 0 or not leg.hold_id):
+            failures.append((_INVALID, f"leg {index}: only a debit leg may name a (non-empty) hold"))
+    if failures:
+        return min(failures)
+
+    # Stage 2: every account exists and matches the currency a leg asserts.
+    accounts: dict[str, Account] = {}
+    for index, leg in enumerate(legs):
+        account_id = leg.account_id
+        account = accounts.get(account_id)
+        if account is None:
+            account = state.account(account_id)
+            if account is None:
+                failures.append((Rejection.UNKNOWN_ACCOUNT, f"account {account_id} does not exist"))
+                continue
+            accounts[account_id] = account
+        if leg.currency is not None and leg.currency != account.currency:
+            failures.append((Rejection.CURRENCY_MISMATCH,
+                             f"leg {index}: {leg.currency} on {account.currency} account {account_id}"))
+    if failures:
+        return min(failures)
+
+    # Stage 3: each currency's legs sum to zero; per-account changes (several legs of one account combine).
+    sums: dict[str, int] = {}
+    posted_delta: dict[str, int] = {}
+    held_delta: dict[str, int] = {}
+    debited: set[str] = set()
+    captures: dict[str, int] = {}
+    for leg in legs:
+        account_id = leg.account_id
+        amount = leg.amount
+        currency = accounts[account_id].currency
+        sums[currency] = sums.get(currency, 0) + amount
+        posted_delta[account_id] = posted_delta.get(account_id, 0) + amount
+        if amount < 0:
+            debited.add(account_id)
+            if leg.hold_id is not None:
+                held_delta[account_id] = held_delta.get(account_id, 0) + amount
+                captures[leg.hold_id] = captures.get(leg.hold_id, 0) - amount
+    for currency, total in sums.items():
+        if total:
+            failures.append((Rejection.UNBALANCED, f"legs in {currency} sum to {total}"))
+    if failures:
+        return min(failures)
+
+    # Stage 4: holds, funds, limits and account status; the lowest reason wins.
+    at_ms = c.at_ms
+    if captures:
+        hold_accounts = {leg.hold_id: leg.account_id for leg in legs if leg.hold_id is not None}
+        for hold_id, taken in captures.items():
+            hold = state.hold(hold_id)
+            if hold is None or hold.account_id != hold_accounts[hold_id]:
+                failures.append((Rejection.UNKNOWN_HOLD,
+                                 f"hold {hold_id} does not exist on account {hold_accounts[hold_id]}"))
+            elif hold.status is not HoldStatus.OPEN:
+                failures.append((Rejection.HOLD_NOT_OPEN, f"hold {hold_id} is {hold.status.value}"))
+            elif hold.expires_at_ms is not None and hold.expires_at_ms <= at_ms:
+                failures.append((Rejection.HOLD_EXPIRED, f"hold {hold_id} expired at {hold.expires_at_ms}"))
+            elif taken > hold.remaining:
+                failures.append((Rejection.CAPTURE_EXCEEDS_HOLD,
+                                 f"capture {taken} from hold {hold_id} with {hold.remaining} remaining"))
+    for account_id, delta in posted_delta.items():
+        account = accounts[account_id]
+        status = account.status
+        if status is not _OPEN:
+            if status is _CLOSED:
+                failures.append((Rejection.ACCOUNT_CLOSED, f"account {account_id} is closed"))
+            elif account_id in debited:
+                failures.append((Rejection.ACCOUNT_FROZEN, f"account {account_id} is frozen"))
+        posted = account.posted + delta
+        if posted > MAX_ABS_AMOUNT or posted < -MAX_ABS_AMOUNT:
+            failures.append((Rejection.AMOUNT_OUT_OF_RANGE, f"account {account_id}: posted beyond 2**127-1"))
+        policy = account.policy
+        # Captures move posted and held together, so only the other legs change available.
+        available_delta = delta - held_delta.get(account_id, 0)
+        if available_delta < 0 and not policy.allow_negative:
+            available = posted - account.held - held_delta.get(account_id, 0)
+            if available < -policy.overdraft_limit:
+                failures.append((Rejection.INSUFFICIENT_FUNDS,
+                                 f"account {account_id}: available would be {available}"))
+        if delta > 0 and policy.max_balance is not None and posted > policy.max_balance:
+            failures.append((Rejection.BALANCE_LIMIT_EXCEEDED,
+                             f"account {account_id}: posted would be {posted} > {policy.max_balance}"))
+    if failures:
+        return min(failures)
+
+    assert not any(sums.values()), "double entry: an accepted transaction must balance per currency"
+    return (TransactionPosted(
+        transaction_id=c.transaction_id, legs=legs, kind=c.kind, reference=c.reference, links=c.links,
+        metadata=c.metadata, occurred_at_ms=c.occurred_at_ms, rate_snapshot_id=c.rate_snapshot_id, at_ms=at_ms,
+    ),)
+
+
+# ------------------------------------------------------------------------------------------------------- holds
+
+
+def _judge_place(state: StateReader, c: PlaceHold, currencies: CurrencyRegistry) -> _Judgement:
+    failures: list[_Failure] = []
+    amount = c.amount
+    if not c.hold_id:
+        failures.append((_INVALID, "hold_id is empty"))
+    if not c.account_id:
+        failures.append((_INVALID, "account_id is empty"))
+    if c.expires_at_ms is not None and c.expires_at_ms <= c.at_ms:
+        failures.append((_INVALID, f"expires_at_ms {c.expires_at_ms} is not after at_ms {c.at_ms}"))
+    if amount <= 0:
+        failures.append((Rejection.INVALID_AMOUNT, f"hold amount must be positive, got {amount}"))
+    elif amount > MAX_ABS_AMOUNT:
+        failures.append((Rejection.AMOUNT_OUT_OF_RANGE, "hold amount beyond 2**127-1"))
+    if failures:
+        return min(failures)
+    if state.hold(c.hold_id) is not None:
+        failures.append((Rejection.HOLD_EXISTS, f"hold {c.hold_id} already exists"))
+    account = state.account(c.account_id)
+    if account is None:
+        failures.append((Rejection.UNKNOWN_ACCOUNT, f"account {c.account_id} does not exist"))
+    if failures:
+        return min(failures)
+    assert account is not None
+    if account.status is _CLOSED:
+        failures.append((Rejection.ACCOUNT_CLOSED, f"account {account.id} is closed"))
+    elif account.status is _FROZEN:
+        failures.append((Rejection.ACCOUNT_FROZEN, f"account {account.id} is frozen"))
+    held = account.held + amount
+    if held > MAX_ABS_AMOUNT:
+        failures.append((Rejection.AMOUNT_OUT_OF_RANGE, f"account {account.id}: held beyond 2**127-1"))
+    policy = account.policy
+    if not policy.allow_negative and account.posted - held < -policy.overdraft_limit:
+        failures.append((Rejection.INSUFFICIENT_FUNDS,
+                         f"account {account.id}: available {account.available} cannot hold {amount}"))
+    if failures:
+        return min(failures)
+    return (HoldPlaced(hold_id=c.hold_id, account_id=account.id, amount=amount, expires_at_ms=c.expires_at_ms,
+                       at_ms=c.at_ms),)
+
+
+def _open_hold(state: StateReader, hold_id: str):
+    if not hold_id:
+        return (_INVALID, "hold_id is empty")
+    hold = state.hold(hold_id)
+    if hold is None:
+        return (Rejection.UNKNOWN_HOLD, f"hold {hold_id} does not exist")
+    if hold.status is not HoldStatus.OPEN:
+        return (Rejection.HOLD_NOT_OPEN, f"hold {hold_id} is {hold.status.value}")
+    assert state.account(hold.account_id) is not None, f"hold {hold_id} on a missing account"
+    return hold
+
+
+def _judge_release(state: StateReader, c: ReleaseHold, currencies: CurrencyRegistry) -> _Judgement:
+    hold = _open_hold(state, c.hold_id)
+    if type(hold) is tuple:
+        return hold
+    return (HoldReleased(hold_id=hold.id, account_id=hold.account_id, amount=hold.remaining, at_ms=c.at_ms),)
+
+
+def _judge_expire(state: StateReader, c: ExpireHold, currencies: CurrencyRegistry) -> _Judgement:
+    hold = _open_hold(state, c.hold_id)
+    if type(hold) is tuple:
+        return hold
+    if hold.expires_at_ms is None or c.at_ms < hold.expires_at_ms:
+        return (Rejection.HOLD_NOT_EXPIRED, f"hold {hold.id} expires at {hold.expires_at_ms}, now {c.at_ms}")
+    return (HoldExpired(hold_id=hold.id, account_id=hold.account_id, amount=hold.remaining, at_ms=c.at_ms),)
+
+
+# ---------------------------------------------------------------------------------------------------- dispatch
+
+_JUDGES = {
+    OpenAccount: _judge_open,
+    FreezeAccount: _judge_freeze,
+    UnfreezeAccount: _judge_unfreeze,
+    CloseAccount: _judge_close,
+    PostTransaction: _judge_transaction,
+    PlaceHold: _judge_place,
+    ReleaseHold: _judge_release,
+    ExpireHold: _judge_expire,
+}
+
+
+def _decide(state: StateReader, command: Command, currencies: CurrencyRegistry) -> tuple[Result, str | None]:
+    """Steps 1-3: the result and the fingerprint to remember (None = remember nothing)."""
+    judge = _JUDGES.get(type(command))
+    if judge is None:
+        raise TypeError(f"not a command: {command!r}")
+    command_id = command.command_id
+    client_id = command.client_id
+    if not command_id or not client_id:
+        return Result(command_id, client_id, REJECTED, _INVALID, "command_id and client_id must not be empty",
+                      ()), None
+    fingerprint = command.fingerprint()
+    seen = state.processed((client_id, command_id))
+    if seen is not None:
+        if seen.fingerprint == fingerprint:
+            return dataclasses.replace(seen.result, duplicate=True), None
+        return Result(command_id, client_id, REJECTED, Rejection.ID_CONFLICT,
+                      f"command {command_id} of {client_id} was already used with another payload", ()), None
+    judged = judge(state, command, currencies)
+    if type(judged[0]) is Rejection:
+        return Result(command_id, client_id, REJECTED, judged[0], judged[1], ()), fingerprint
+    return Result(command_id, client_id, ACCEPTED, None, "", judged), fingerprint
+
+
+def decide(state: StateReader, command: Command, currencies: CurrencyRegistry = DEFAULT_CURRENCIES) -> Result:
+    """What command does against state: accepted with events, rejected with a reason, or a duplicate."""
+    return _decide(state, command, currencies)[0]
+
+
+def execute(
+    state: StateReader, command: Command, currencies: CurrencyRegistry = DEFAULT_CURRENCIES
+) -> tuple[Result, Changes]:
+    """decide + apply: the result and every record it writes (steps 1-5), ready for one atomic batch.
+
+    Duplicate or id_conflict -> no changes at all. Rejected -> only the inbox entry (so a retry gets the same
+    answer). Accepted -> new accounts, holds, history entries and the inbox entry.
+    """
+    result, fingerprint = _decide(state, command, currencies)
+    if fingerprint is None:
+        return result, no_changes()
+    processed = ((result.client_id, result.command_id), Processed(fingerprint, result))
+    if not result.events:
+        return result, Changes({}, {}, (), processed)
+    changes = apply(state, result.events)
+    assert_changes_balanced({aid: state.account(aid) for aid in changes.accounts}, changes.accounts.values())
+    return result, Changes(changes.accounts, changes.holds, changes.history, processed)

@@ -1,0 +1,82 @@
+"""What happened: the facts a decision produces. ``apply`` folds them into records.
+
+Each event carries ``at_ms`` (the log time of the command that caused it) so applying it needs nothing else.
+Captures have no event of their own: they are the TransactionPosted legs that name a hold_id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from streams.core.model import AccountPolicy, AccountStatus, Leg
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AccountOpened:
+    """An account now exists, empty and open."""
+
+    account_id: str  # the new account
+    currency: str  # its currency code
+    routing_key: str  # its resolved routing key
+    policy: AccountPolicy  # its policy
+    at_ms: int  # log time of the opening command
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AccountStatusChanged:
+    """An account was frozen, unfrozen or closed."""
+
+    account_id: str  # the account
+    previous: AccountStatus  # status before
+    status: AccountStatus  # status after
+    at_ms: int  # log time of the command
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransactionPosted:
+    """Balanced legs were posted atomically; legs with hold_id captured from that hold."""
+
+    transaction_id: str  # the transaction's id
+    legs: tuple[Leg, ...]  # as requested, in order
+    kind: str  # reason (deposit, trade, fee, reversal ...)
+    reference: str | None  # external reference id
+    links: tuple[str, ...]  # related transaction ids
+    metadata: tuple[tuple[str, str], ...]  # free key/value pairs
+    occurred_at_ms: int | None  # business time (None = at_ms)
+    rate_snapshot_id: str | None  # FX rate snapshot id
+    at_ms: int  # log time of the command
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HoldPlaced:
+    """Money was reserved on an account."""
+
+    hold_id: str  # the new hold
+    account_id: str  # the account whose money is reserved
+    amount: int  # minor units reserved
+    expires_at_ms: int | None  # log time from which it may expire
+    at_ms: int  # log time of the command
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HoldReleased:
+    """An open hold ended on request; its remainder went back to available."""
+
+    hold_id: str  # the hold
+    account_id: str  # its account
+    amount: int  # the remainder returned (minor units)
+    at_ms: int  # log time of the command
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HoldExpired:
+    """An open hold ended because log time reached expires_at_ms; its remainder went back to available."""
+
+    hold_id: str  # the hold
+    account_id: str  # its account
+    amount: int  # the remainder returned (minor units)
+    at_ms: int  # log time of the command
+
+
+Event = Union[AccountOpened, AccountStatusChanged, TransactionPosted, HoldPlaced, HoldReleased, HoldExpired]

@@ -1,0 +1,80 @@
+"""Why a command was refused: one enum, ordered by precedence.
+
+A lower value is checked and reported first. When a command breaks several rules, the result names the one
+with the lowest value, so the same command against the same state always gets the same reason (P7).
+
+Precedence applies among the checks of one decision. The inbox check runs before any decision: a command id
+already decided is answered from its stored result (a duplicate), and ``id_conflict`` (same id, different
+payload) is therefore seen before everything else in practice, although it has the highest value here.
+
+Order: shape of the command, then amounts, then existence (currencies, ids, accounts), then the ledger-wide
+rules of DESIGN.md §3 (currency_mismatch, unbalanced), then funds and limits, then account lifecycle, then
+hold lifecycle. This follows the partial order of DESIGN.md §3: unknown_account < currency_mismatch <
+unbalanced < insufficient_funds < account_closed < hold_not_open < capture_exceeds_hold < id_conflict.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Rejection(enum.IntEnum):
+    """A machine-readable reason for refusing a command; ``.code`` is the wire name."""
+
+    # A field is missing or malformed: empty id, fewer than two legs, a credit leg naming a hold, a bad policy.
+    INVALID_COMMAND = 1
+    # An amount is zero where money must move, negative where it must be positive, or a string is not a number.
+    INVALID_AMOUNT = 2
+    # An amount or a resulting balance has abs >= 2**127 (beyond the signed 128-bit range we promise).
+    AMOUNT_OUT_OF_RANGE = 3
+    # The currency code is not in the registry; currencies are registered before use.
+    UNKNOWN_CURRENCY = 4
+    # A decimal string has more fractional digits than the currency's scale (non-zero ones); never rounded.
+    PRECISION_EXCEEDED = 5
+    # OpenAccount for an id that already exists (also a closed one: ids are never reused).
+    ACCOUNT_EXISTS = 6
+    # PlaceHold with a hold id that already exists (in any state).
+    HOLD_EXISTS = 7
+    # A command names an account that was never opened.
+    UNKNOWN_ACCOUNT = 8
+    # A leg states a currency that differs from its account's currency.
+    CURRENCY_MISMATCH = 9
+    # The legs of a transaction do not sum to zero in some currency.
+    UNBALANCED = 10
+    # A hold id that does not exist, or exists on another account than the leg that draws from it.
+    UNKNOWN_HOLD = 11
+    # A debit or a hold would take available (posted - held) below -overdraft_limit on a non-negative account.
+    INSUFFICIENT_FUNDS = 12
+    # A credit would take posted above the account's max_balance.
+    BALANCE_LIMIT_EXCEEDED = 13
+    # The account is frozen: no debits, no new holds (credits and releases are still allowed).
+    ACCOUNT_FROZEN = 14
+    # The account is closed: nothing may touch it.
+    ACCOUNT_CLOSED = 15
+    # UnfreezeAccount on an account that is not frozen.
+    ACCOUNT_NOT_FROZEN = 16
+    # CloseAccount while posted != 0 or money is still held by open holds.
+    ACCOUNT_NOT_EMPTY = 17
+    # The hold has already ended (captured, released or expired): no capture, release or expiry.
+    HOLD_NOT_OPEN = 18
+    # A capture at or after the hold's expires_at_ms (judged by the command's log time).
+    HOLD_EXPIRED = 19
+    # ExpireHold before the hold's expires_at_ms, or for a hold without expiry.
+    HOLD_NOT_EXPIRED = 20
+    # The captures of a transaction take more from a hold than its remaining amount.
+    CAPTURE_EXCEEDS_HOLD = 21
+    # The command id (scoped by client id) was already used with a different payload; nothing changes.
+    ID_CONFLICT = 22
+
+    @property
+    def code(self) -> str:
+        """The lowercase snake name used on the wire and in docs, e.g. "insufficient_funds"."""
+        return self.name.lower()
+
+    @classmethod
+    def from_code(cls, code: str) -> "Rejection":
+        """The member for a wire name; ValueError for an unknown one."""
+        try:
+            return cls[code.upper()]
+        except KeyError:
+            raise ValueError(f"unknown rejection code {code!r}") from None
