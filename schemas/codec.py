@@ -44,8 +44,10 @@ class _Schema:
 
 
 def _load(path: Path) -> _Schema:
-    parsed = fastavro.parse_schema(json.loads(path.read_text()), _write_hint=False)
-    return _Schema(path.stem.split(".")[0], parsed, MARKER + _fingerprint(parsed))
+    raw = json.loads(path.read_text())
+    canonical = fastavro.parse_schema(raw, _write_hint=False)
+    # The hinted parse is what fastavro recognises as already parsed (otherwise it re-parses per call).
+    return _Schema(path.stem.split(".")[0], fastavro.parse_schema(raw), MARKER + _fingerprint(canonical))
 
 
 class Codec:

@@ -11,7 +11,6 @@ records this wide invites silent mix-ups.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Union
 
@@ -37,11 +36,13 @@ class _CommandBase:
     def fingerprint(self) -> str:
         """sha256 hex of the canonical payload (type name and every field except at_ms).
 
-        Canonical = a JSON array in declared field order, ASCII only, no spaces; ints are exact decimal.
+        Canonical = repr() of a tuple holding only str, int, bool, None and tuples, in declared field order,
+        encoded as UTF-8 (surrogates passed through). Python's literal syntax is deterministic and injective
+        for these types, and several times cheaper than JSON on the hot path.
         Same id + same fingerprint -> duplicate; same id + other fingerprint -> id_conflict.
         """
-        encoded = json.dumps(self._payload(), ensure_ascii=True, separators=(",", ":"))  # type: ignore
-        return hashlib.sha256(encoded.encode("ascii")).hexdigest()
+        encoded = repr(self._payload()).encode("utf-8", "surrogatepass")  # type: ignore[attr-defined]
+        return hashlib.sha256(encoded).hexdigest()
 
     def _check_common(self) -> None:
         require_str(self.command_id, "command_id")  # type: ignore[attr-defined]
@@ -49,8 +50,8 @@ class _CommandBase:
         require_int(self.at_ms, "at_ms")  # type: ignore[attr-defined]
 
 
-def _policy_payload(policy: AccountPolicy) -> list:
-    return [policy.allow_negative, policy.overdraft_limit, policy.max_balance]
+def _policy_payload(policy: AccountPolicy) -> tuple:
+    return (policy.allow_negative, policy.overdraft_limit, policy.max_balance)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,11 +74,11 @@ class OpenAccount(_CommandBase):
             raise TypeError(f"policy must be an AccountPolicy, got {self.policy!r}")
         require_optional_str(self.routing_key, "routing_key")
 
-    def _payload(self) -> list:
-        return [
+    def _payload(self) -> tuple:
+        return (
             "OpenAccount", self.client_id, self.command_id, self.account_id, self.currency,
             _policy_payload(self.policy), self.routing_key,
-        ]
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,8 +94,8 @@ class FreezeAccount(_CommandBase):
         self._check_common()
         require_str(self.account_id, "account_id")
 
-    def _payload(self) -> list:
-        return ["FreezeAccount", self.client_id, self.command_id, self.account_id]
+    def _payload(self) -> tuple:
+        return ("FreezeAccount", self.client_id, self.command_id, self.account_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,8 +111,8 @@ class UnfreezeAccount(_CommandBase):
         self._check_common()
         require_str(self.account_id, "account_id")
 
-    def _payload(self) -> list:
-        return ["UnfreezeAccount", self.client_id, self.command_id, self.account_id]
+    def _payload(self) -> tuple:
+        return ("UnfreezeAccount", self.client_id, self.command_id, self.account_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,8 +128,8 @@ class CloseAccount(_CommandBase):
         self._check_common()
         require_str(self.account_id, "account_id")
 
-    def _payload(self) -> list:
-        return ["CloseAccount", self.client_id, self.command_id, self.account_id]
+    def _payload(self) -> tuple:
+        return ("CloseAccount", self.client_id, self.command_id, self.account_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,32 +149,48 @@ class PostTransaction(_CommandBase):
     rate_snapshot_id: str | None = None  # for FX: the rate snapshot the amounts were computed from
 
     def __post_init__(self) -> None:
-        self._check_common()
-        require_str(self.transaction_id, "transaction_id")
+        # Inlined type checks: this runs once per transaction on the hot path.
+        if (
+            type(self.command_id) is not str
+            or type(self.client_id) is not str
+            or type(self.at_ms) is not int
+            or type(self.transaction_id) is not str
+            or type(self.kind) is not str
+            or (self.reference is not None and type(self.reference) is not str)
+            or (self.occurred_at_ms is not None and type(self.occurred_at_ms) is not int)
+            or (self.rate_snapshot_id is not None and type(self.rate_snapshot_id) is not str)
+        ):
+            self._slow_check()
         if type(self.legs) is not tuple:
             raise TypeError("legs must be a tuple of Leg")
         for leg in self.legs:
             if type(leg) is not Leg:
                 raise TypeError(f"legs must be Leg values, got {leg!r}")
-        require_str(self.kind, "kind")
-        require_optional_str(self.reference, "reference")
-        if type(self.links) is not tuple or any(type(x) is not str for x in self.links):
+        if self.links and (type(self.links) is not tuple or any(type(x) is not str for x in self.links)):
             raise TypeError("links must be a tuple of str")
-        if type(self.metadata) is not tuple or any(
+        if self.metadata and (type(self.metadata) is not tuple or any(
             type(p) is not tuple or len(p) != 2 or type(p[0]) is not str or type(p[1]) is not str
             for p in self.metadata
-        ):
+        )):
             raise TypeError("metadata must be a tuple of (str, str) pairs")
+        if type(self.links) is not tuple or type(self.metadata) is not tuple:
+            raise TypeError("links and metadata must be tuples")
+
+    def _slow_check(self) -> None:
+        """Name the offending field (only reached when a type is wrong)."""
+        self._check_common()
+        require_str(self.transaction_id, "transaction_id")
+        require_str(self.kind, "kind")
+        require_optional_str(self.reference, "reference")
         require_optional_int(self.occurred_at_ms, "occurred_at_ms")
         require_optional_str(self.rate_snapshot_id, "rate_snapshot_id")
 
-    def _payload(self) -> list:
-        return [
+    def _payload(self) -> tuple:
+        return (
             "PostTransaction", self.client_id, self.command_id, self.transaction_id,
-            [[leg.account_id, leg.amount, leg.hold_id, leg.currency] for leg in self.legs],
-            self.kind, self.reference, list(self.links), [list(p) for p in self.metadata],
-            self.occurred_at_ms, self.rate_snapshot_id,
-        ]
+            tuple([(leg.account_id, leg.amount, leg.hold_id, leg.currency) for leg in self.legs]),
+            self.kind, self.reference, self.links, self.metadata, self.occurred_at_ms, self.rate_snapshot_id,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,11 +212,11 @@ class PlaceHold(_CommandBase):
         require_int(self.amount, "amount")
         require_optional_int(self.expires_at_ms, "expires_at_ms")
 
-    def _payload(self) -> list:
-        return [
+    def _payload(self) -> tuple:
+        return (
             "PlaceHold", self.client_id, self.command_id, self.hold_id, self.account_id, self.amount,
             self.expires_at_ms,
-        ]
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,8 +232,8 @@ class ReleaseHold(_CommandBase):
         self._check_common()
         require_str(self.hold_id, "hold_id")
 
-    def _payload(self) -> list:
-        return ["ReleaseHold", self.client_id, self.command_id, self.hold_id]
+    def _payload(self) -> tuple:
+        return ("ReleaseHold", self.client_id, self.command_id, self.hold_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,8 +249,8 @@ class ExpireHold(_CommandBase):
         self._check_common()
         require_str(self.hold_id, "hold_id")
 
-    def _payload(self) -> list:
-        return ["ExpireHold", self.client_id, self.command_id, self.hold_id]
+    def _payload(self) -> tuple:
+        return ("ExpireHold", self.client_id, self.command_id, self.hold_id)
 
 
 Command = Union[

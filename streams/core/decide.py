@@ -141,6 +141,54 @@ def _judge_close(state: StateReader, c: CloseAccount, currencies: CurrencyRegist
 
 
 def _judge_transaction(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry) -> _Judgement:
+    """Fast path for the common plain transfer (debit leg, then credit leg); everything else, and every
+    case the fast path cannot accept, goes through the general rules, which alone decide rejections."""
+    legs = c.legs
+    if len(legs) == 2 and c.transaction_id and c.kind and not c.metadata:
+        debit_leg, credit_leg = legs
+        amount = credit_leg.amount
+        debit_id = debit_leg.account_id
+        credit_id = credit_leg.account_id
+        if (
+            0 < amount <= MAX_ABS_AMOUNT
+            and debit_leg.amount == -amount
+            and debit_leg.hold_id is None
+            and credit_leg.hold_id is None
+            and debit_leg.currency is None
+            and credit_leg.currency is None
+            and debit_id
+            and credit_id
+            and debit_id != credit_id
+        ):
+            debit = state.account(debit_id)
+            credit = state.account(credit_id)
+            if (
+                debit is not None
+                and credit is not None
+                and debit.status is _OPEN
+                and credit.status is _OPEN
+                and debit.currency == credit.currency
+            ):
+                debit_policy = debit.policy
+                credit_cap = credit.policy.max_balance
+                debit_posted = debit.posted - amount
+                credit_posted = credit.posted + amount
+                if (
+                    (debit_policy.allow_negative or debit_posted - debit.held >= -debit_policy.overdraft_limit)
+                    and debit_posted >= -MAX_ABS_AMOUNT
+                    and credit_posted <= MAX_ABS_AMOUNT
+                    and (credit_cap is None or credit_posted <= credit_cap)
+                ):
+                    return (TransactionPosted(
+                        transaction_id=c.transaction_id, legs=legs, kind=c.kind, reference=c.reference,
+                        links=c.links, metadata=c.metadata, occurred_at_ms=c.occurred_at_ms,
+                        rate_snapshot_id=c.rate_snapshot_id, at_ms=c.at_ms,
+                    ),)
+    return _judge_transaction_rules(state, c, currencies)
+
+
+def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry) -> _Judgement:
+    """The general rules for any transaction, in stages following the precedence of Rejection."""
     legs = c.legs
     failures: list[_Failure] = []
 

@@ -116,10 +116,17 @@ class Leg:
     currency: str | None = None  # optional assertion by the sender: must equal the account's currency
 
     def __post_init__(self) -> None:
-        require_str(self.account_id, "account_id")
-        require_int(self.amount, "amount")
-        require_optional_str(self.hold_id, "hold_id")
-        require_optional_str(self.currency, "currency")
+        # One fused test on the hot path; the helpers then name the offending field.
+        if (
+            type(self.account_id) is not str
+            or type(self.amount) is not int
+            or (self.hold_id is not None and type(self.hold_id) is not str)
+            or (self.currency is not None and type(self.currency) is not str)
+        ):
+            require_str(self.account_id, "account_id")
+            require_int(self.amount, "amount")
+            require_optional_str(self.hold_id, "hold_id")
+            require_optional_str(self.currency, "currency")
 
 
 @dataclass(frozen=True, slots=True)

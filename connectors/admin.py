@@ -1,0 +1,85 @@
+"""Topic administration: create the ledger's topics and check that they are co-partitioned."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from streams.config import TOPIC_NAMES, Settings
+
+# Per-topic configuration. Balances is the latest view per account, so it is compacted; the others are
+# logs that replay and audit read from offset 0, so they are never deleted by age or size.
+TOPIC_CONFIGS: dict[str, dict[str, str]] = {
+    "balances": {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"},
+    **{name: {"retention.ms": "-1", "retention.bytes": "-1"} for name in TOPIC_NAMES if name != "balances"},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicReport:
+    name: str
+    partitions: int | None  # None: the topic does not exist
+    created: bool
+
+
+class CoPartitioningError(RuntimeError):
+    """A topic exists with another partition count than the ledger's; keys would land elsewhere."""
+
+
+def admin_client(settings: Settings) -> AdminClient:
+    return AdminClient(settings.kafka_config())
+
+
+def describe(settings: Settings, admin: AdminClient | None = None) -> dict[str, int | None]:
+    """Partition count of each ledger topic (None when missing)."""
+    admin = admin or admin_client(settings)
+    metadata = admin.list_topics(timeout=10)
+    counts: dict[str, int | None] = {}
+    for name in TOPIC_NAMES:
+        topic = metadata.topics.get(settings.topic(name))
+        counts[name] = len(topic.partitions) if topic is not None and topic.error is None else None
+    return counts
+
+
+def check_copartitioned(settings: Settings, counts: dict[str, int | None]) -> None:
+    wrong = {n: c for n, c in counts.items() if c is not None and c != settings.partitions}
+    if wrong:
+        detail = ", ".join(f"{settings.topic(n)} has {c}" for n, c in sorted(wrong.items()))
+        raise CoPartitioningError(
+            f"every ledger topic must have {settings.partitions} partitions: {detail}"
+        )
+
+
+def create_topics(settings: Settings) -> list[TopicReport]:
+    """Create whatever is missing; idempotent. Raises CoPartitioningError on a mismatch."""
+    admin = admin_client(settings)
+    counts = describe(settings, admin)
+    check_copartitioned(settings, counts)
+    missing = [n for n, c in counts.items() if c is None]
+    if missing:
+        futures = admin.create_topics(
+            [
+                NewTopic(settings.topic(n), settings.partitions, settings.replication, config=TOPIC_CONFIGS[n])
+                for n in missing
+            ],
+            operation_timeout=30,
+        )
+        for name, future in futures.items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":  # a concurrent creator won
+                    raise
+    after = describe(settings, admin)
+    check_copartitioned(settings, after)
+    return [TopicReport(settings.topic(n), after[n], n in missing) for n in TOPIC_NAMES]
+
+
+def delete_topics(settings: Settings) -> None:
+    """Delete the ledger's topics under this prefix (tests and `ledger topics delete`)."""
+    admin = admin_client(settings)
+    names = [settings.topic(n) for n, c in describe(settings, admin).items() if c is not None]
+    if names:
+        for future in admin.delete_topics(names, operation_timeout=30).values():
+            future.result()

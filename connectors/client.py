@@ -1,0 +1,140 @@
+"""Producer client: build commands, route them to their partition, and await their results.
+
+Every command is keyed by the routing key of the account it debits (or opens) and produced to the
+partition Kafka's default partitioner would pick for that key (streams.routing), whatever the client
+library's own default. The result of a command is awaited on the results topic, which holds it in the
+same partition as the command.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from schemas.codec import codec
+from streams import routing
+from streams.config import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Leg:
+    account_id: str
+    amount_minor: int  # negative debits, positive credits
+    hold_id: str | None = None
+    currency: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        assert type(self.amount_minor) is int, "amounts are integers of minor units"
+        return {"account_id": self.account_id, "amount": str(self.amount_minor), "hold_id": self.hold_id,
+                "currency": self.currency}
+
+
+class ResultTimeout(TimeoutError):
+    """No result within the timeout. The command may still be applied: retry with the same command ids."""
+
+    def __init__(self, missing: list[str]):
+        super().__init__(f"no result yet for {len(missing)} command(s): {missing[:5]}")
+        self.missing = missing
+
+
+@dataclass
+class LedgerClient:
+    settings: Settings
+    client_id: str = "client"
+    _producer: Producer = field(init=False)
+    _consumer: Consumer = field(init=False)
+    _results: dict[str, dict] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._codec = codec()
+        self._producer = Producer({**self.settings.kafka_config(), "enable.idempotence": True, "acks": "all",
+                                   "linger.ms": 2})
+        self._consumer = Consumer({**self.settings.kafka_config(), "group.id": f"client-{uuid.uuid4()}",
+                                   "enable.auto.commit": False, "isolation.level": "read_committed"})
+        topic = self.settings.topic("results")
+        # Results of commands sent from now on: start every partition at its current end.
+        assignment = []
+        for p in range(self.settings.partitions):
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            assignment.append(TopicPartition(topic, p, high))
+        self._consumer.assign(assignment)
+
+    # --- sending --------------------------------------------------------------------------------------------
+    def send(self, command_id: str, body_name: str, body: dict[str, Any], routing_account: str) -> str:
+        record = {"command_id": command_id, "client_id": self.client_id, "body": (f"ledger.{body_name}", body)}
+        self.send_raw(self._codec.encode("command", record), routing_account)
+        return command_id
+
+    def send_raw(self, value: bytes, routing_account: str) -> None:
+        key = routing.routing_key_for(routing.unsharded(routing_account))
+        partition = routing.partition_for_key(key, self.settings.partitions)
+        while True:
+            try:
+                self._producer.produce(self.settings.topic("commands"), value, key.encode(), partition=partition)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self._producer.poll(0)
+
+    def flush(self) -> None:
+        self._producer.flush(30)
+
+    def open_account(self, account_id: str, currency: str, *, command_id: str | None = None,
+                     allow_negative: bool = False, overdraft_limit: int = 0, max_balance: int | None = None) -> str:
+        body = {"account_id": account_id, "currency": currency, "allow_negative": allow_negative,
+                "overdraft_limit": str(overdraft_limit),
+                "max_balance": None if max_balance is None else str(max_balance), "routing_key": None}
+        return self.send(command_id or f"open:{account_id}", "OpenAccount", body, account_id)
+
+    def post(self, transaction_id: str, legs: Iterable[Leg], *, kind: str = "transfer",
+             reference: str | None = None, links: Iterable[str] = (), metadata: dict[str, str] | None = None,
+             occurred_at_ms: int | None = None, command_id: str | None = None) -> str:
+        legs = list(legs)
+        body = {"transaction_id": transaction_id, "legs": [leg.wire() for leg in legs], "kind": kind,
+                "reference": reference, "links": list(links), "metadata": dict(metadata or {}),
+                "occurred_at_ms": occurred_at_ms, "rate_snapshot_id": None}
+        debtor = next((l.account_id for l in legs if l.amount_minor < 0 and not routing.is_system(l.account_id)),
+                      next((l.account_id for l in legs if not routing.is_system(l.account_id)), legs[0].account_id))
+        return self.send(command_id or transaction_id, "PostTransaction", body, debtor)
+
+    def place_hold(self, hold_id: str, account_id: str, amount_minor: int, *, expires_at_ms: int | None = None,
+                   command_id: str | None = None) -> str:
+        body = {"hold_id": hold_id, "account_id": account_id, "amount": str(amount_minor),
+                "expires_at_ms": expires_at_ms}
+        return self.send(command_id or f"hold:{hold_id}", "PlaceHold", body, account_id)
+
+    def release_hold(self, hold_id: str, account_id: str, *, command_id: str | None = None) -> str:
+        return self.send(command_id or f"release:{hold_id}", "ReleaseHold", {"hold_id": hold_id}, account_id)
+
+    def account_command(self, name: str, account_id: str, *, command_id: str | None = None) -> str:
+        """FreezeAccount, UnfreezeAccount or CloseAccount."""
+        return self.send(command_id or f"{name}:{account_id}", name, {"account_id": account_id}, account_id)
+
+    # --- results --------------------------------------------------------------------------------------------
+    def wait(self, command_ids: Iterable[str], timeout_s: float = 30.0) -> dict[str, dict]:
+        """Results of these commands (the first non-duplicate answer seen for each)."""
+        self.flush()
+        wanted = list(dict.fromkeys(command_ids))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            missing = [c for c in wanted if c not in self._results]
+            if not missing:
+                return {c: self._results[c] for c in wanted}
+            if time.monotonic() > deadline:
+                raise ResultTimeout(missing)
+            for msg in self._consumer.consume(1000, timeout=0.2):
+                if msg.error():
+                    continue
+                result = self._codec.decode("result", msg.value())
+                if result["client_id"] == self.client_id:
+                    self._results.setdefault(result["command_id"], result)
+
+    def result(self, command_id: str, timeout_s: float = 30.0) -> dict:
+        return self.wait([command_id], timeout_s)[command_id]
+
+    def close(self) -> None:
+        self._producer.flush(30)
+        self._consumer.close()

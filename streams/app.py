@@ -1,0 +1,81 @@
+"""The Faust app: one sequential processor per partition, applying commands through streams.engine.
+
+Faust gives us the consumer group, partition assignment across worker processes and offset commits of
+acked records. State does not live in Faust tables: each partition has its own RocksDB written in one
+WriteBatch per batch of commands, backed by our own changelog topic (docs/engine.md says why).
+
+Run: `ledger worker` (or `faust -A streams.app worker`). Environment: KAFKA_BOOTSTRAP, LEDGER_TOPIC_PREFIX,
+LEDGER_PARTITIONS, LEDGER_DATA_DIR (this worker's own directory), LEDGER_SESSION_TIMEOUT_S.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import faust
+
+from streams import config
+from streams.engine import CommandRecord, Engine
+
+log = logging.getLogger("ledger.worker")
+
+settings = config.load()
+DATA_DIR = Path(os.environ.get("LEDGER_DATA_DIR", ".state/worker")).resolve()
+BATCH_MAX = int(os.environ.get("LEDGER_BATCH_MAX", "2000"))
+BATCH_WINDOW_S = float(os.environ.get("LEDGER_BATCH_WINDOW_S", "0.005"))
+SESSION_TIMEOUT_S = float(os.environ.get("LEDGER_SESSION_TIMEOUT_S", "10"))
+(DATA_DIR / "faust").mkdir(parents=True, exist_ok=True)
+
+app = faust.App(
+    f"{settings.prefix}workers",
+    broker=[f"kafka://{server}" for server in settings.bootstrap.split(",")],
+    datadir=str(DATA_DIR / "faust"),
+    store="memory://",  # no Faust tables: see the module docstring
+    key_serializer="raw",
+    value_serializer="raw",  # bytes reach our decoder untouched, so poison cannot crash Faust
+    topic_partitions=settings.partitions,
+    topic_allow_declare=False,  # `ledger topics create` owns topic configuration
+    consumer_auto_offset_reset="earliest",
+    broker_session_timeout=SESSION_TIMEOUT_S,
+    broker_heartbeat_interval=max(0.5, SESSION_TIMEOUT_S / 10),
+    broker_request_timeout=max(40.0, SESSION_TIMEOUT_S * 2),
+    broker_commit_interval=1.0,
+    web_enabled=False,
+)
+
+commands = app.topic(settings.topic("commands"), key_type=bytes, value_type=bytes,
+                     partitions=settings.partitions)
+engine = Engine(settings, DATA_DIR)
+
+
+@app.on_partitions_revoked.connect
+async def on_revoked(sender, revoked, **kwargs) -> None:
+    engine.invalidate()
+
+
+@app.on_partitions_assigned.connect
+async def on_assigned(sender, assigned, **kwargs) -> None:
+    engine.invalidate()
+
+
+@app.agent(commands, concurrency=1)
+async def ledger_worker(stream):
+    async for events in stream.take_events(BATCH_MAX, within=BATCH_WINDOW_S):
+        records = [
+            CommandRecord(e.message.partition, e.message.offset, round(e.message.timestamp * 1000),
+                          e.message.key, e.message.value)
+            for e in events
+        ]
+        try:
+            await engine.process(records)
+        except BaseException:
+            # take_events acks the batch when this body ends, even by an exception: never let it end so.
+            # Exiting here leaves the offsets uncommitted; the restarted worker redoes the batch.
+            log.exception("commit path failed; exiting without acknowledging the batch")
+            logging.shutdown()
+            os._exit(70)
+
+
+def main() -> None:
+    app.main()

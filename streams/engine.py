@@ -1,0 +1,216 @@
+"""The commit path: a batch of command records in, outputs, changelog and RocksDB state out.
+
+Commit path of one batch (the numbered steps the crash-safety argument in docs/engine.md refers to):
+
+  1. Restore every partition of the batch that is not known to be current (after start or a rebalance):
+     replay its changelog from the offset stored in its RocksDB to the end.
+  2. Decide every record in partition order (PartitionProcessor.handle); state writes are only staged.
+  3. Produce the outputs (results, history, balances, dead letters, follow-up commands) and wait for
+     every acknowledgement.
+  4. Produce one changelog record per decided command (the complete redo record) and wait for the
+     acknowledgements. A changelog record therefore never exists without the outputs it stands for.
+  5. Per partition: if the changelog offsets are exactly the ones expected (nobody else wrote to the
+     partition's changelog since we restored), write all staged state and the next changelog offset in one
+     RocksDB WriteBatch. Otherwise another worker owns the partition now (we were paused): drop the staged
+     state and restore before touching the partition again.
+  6. Return; the caller acks the records, and Faust commits their offsets later.
+
+A crash between any two steps leaves state that step 1 repairs: the changelog is the truth and RocksDB a
+cache of it; a command decided again yields byte-identical outputs (determinism, P7), and a command whose
+changelog record exists is answered from the inbox, never applied twice (P4).
+Any failure in steps 3-5 raises; the worker must then exit without acking (see streams/app.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+
+from streams import core
+from streams.config import Settings
+from streams.partition import Output, PartitionProcessor
+from streams.store import RocksStore
+
+log = logging.getLogger("ledger.engine")
+FLUSH_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRecord:
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+
+
+class DeliveryFailed(RuntimeError):
+    pass
+
+
+def output_producer(settings: Settings) -> Producer:
+    return Producer({
+        **settings.kafka_config(),
+        "enable.idempotence": True,  # no duplicates or reordering from the producer's own retries
+        "acks": "all",
+        "linger.ms": 2,
+        "batch.num.messages": 10000,
+        "queue.buffering.max.messages": 500000,
+        "compression.type": "lz4",
+    })
+
+
+class Engine:
+    def __init__(self, settings: Settings, data_dir: Path, producer: Producer | None = None,
+                 currencies: core.CurrencyRegistry = core.DEFAULT_CURRENCIES):
+        self.settings = settings
+        self.data_dir = data_dir
+        self.currencies = currencies
+        self.producer = producer or output_producer(settings)
+        self.processors: dict[int, PartitionProcessor] = {}
+        # Next changelog offset each partition expects to write; absent = must restore first.
+        self._expected: dict[int, int] = {}
+        self._topics = {name: settings.topic(name) for name in ("results", "history", "balances", "commands",
+                                                                 "dlq", "changelog")}
+        self.restored_records = 0
+
+    # --- partitions -----------------------------------------------------------------------------------------
+    def processor(self, partition: int) -> PartitionProcessor:
+        proc = self.processors.get(partition)
+        if proc is None:
+            store = RocksStore(self.data_dir / f"p{partition}")
+            proc = PartitionProcessor(partition, self.settings.partitions, store, self.currencies)
+            self.processors[partition] = proc
+        return proc
+
+    def invalidate(self) -> None:
+        """After a rebalance: every partition restores from its changelog before its next command."""
+        self._expected.clear()
+
+    def restore(self, partition: int) -> None:
+        """Step 1 for one partition (blocking; run it in a thread)."""
+        proc = self.processor(partition)
+        start = proc.state.changelog_offset()
+        consumer = Consumer({
+            **self.settings.kafka_config(),
+            "group.id": f"{self.settings.prefix}restore",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        })
+        topic = self._topics["changelog"]
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            records: list[bytes] = []
+            if high > start:
+                consumer.assign([TopicPartition(topic, partition, max(start, low) if start else OFFSET_BEGINNING)])
+                position = start
+                while position < high:
+                    # A short timeout: librdkafka's consume() waits for the full count or the timeout.
+                    for msg in consumer.consume(10000, timeout=0.1):
+                        if msg.error():
+                            if msg.error().code() == KafkaError._PARTITION_EOF:
+                                position = max(position, msg.offset())
+                                continue
+                            raise RuntimeError(f"restoring partition {partition}: {msg.error()}")
+                        records.append(msg.value())
+                        position = msg.offset() + 1
+            applied = proc.restore(records, max(high, start))
+            self.restored_records += applied
+            self._expected[partition] = max(high, start)
+            log.info("partition %d restored: %d changelog records from offset %d, %d applied",
+                     partition, len(records), start, applied)
+        finally:
+            consumer.close()
+
+    # --- the commit path ------------------------------------------------------------------------------------
+    async def process(self, records: list[CommandRecord]) -> None:
+        partitions = list(dict.fromkeys(r.partition for r in records))
+        for partition in partitions:  # 1.
+            if partition not in self._expected:
+                await asyncio.to_thread(self.restore, partition)
+        for r in records:  # 2.
+            self.processor(r.partition).handle(r.offset, r.timestamp_ms, r.key, r.value)
+        await asyncio.to_thread(self.commit, partitions)
+
+    def commit(self, partitions: list[int]) -> None:
+        """Steps 3-5 (blocking)."""
+        batches = {p: self.processors[p].take() for p in partitions}
+        self._send([o for outputs, _ in batches.values() for o in outputs])  # 3.
+        offsets = self._send_changelog({p: changelog for p, (_, changelog) in batches.items()})  # 4.
+        for p in partitions:  # 5.
+            state = self.processors[p].state
+            written = offsets.get(p, [])
+            expected = self._expected[p]
+            if written and written != list(range(expected, expected + len(written))):
+                log.warning("partition %d: changelog written by another worker since our restore "
+                            "(expected offset %d, got %s); restoring before its next command",
+                            p, expected, written[:3])
+                state.discard()
+                del self._expected[p]
+                continue
+            if state.has_staged:
+                state.commit(expected + len(written))
+                self._expected[p] = expected + len(written)
+
+    def _send(self, outputs: list[Output]) -> None:
+        if not outputs:
+            return
+        errors: list[str] = []
+
+        def on_delivery(err, msg) -> None:
+            if err is not None:
+                errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+
+        produce = self.producer.produce
+        topics = self._topics
+        for o in outputs:
+            while True:
+                try:
+                    produce(topics[o.topic], o.value, o.key, partition=o.partition, timestamp=o.timestamp_ms,
+                            on_delivery=on_delivery)
+                    break
+                except BufferError:  # local queue full: let deliveries drain, then retry
+                    self.producer.poll(0.05)
+        self._flush(errors)
+
+    def _send_changelog(self, changelogs: dict[int, list[bytes]]) -> dict[int, list[int]]:
+        offsets: dict[int, list[int]] = {p: [] for p in changelogs}
+        errors: list[str] = []
+        topic = self._topics["changelog"]
+        for partition, records in changelogs.items():
+            written = offsets[partition]
+
+            def on_delivery(err, msg, written=written) -> None:
+                if err is not None:
+                    errors.append(f"changelog[{msg.partition()}]: {err}")
+                else:
+                    written.append(msg.offset())
+
+            for value in records:
+                while True:
+                    try:
+                        self.producer.produce(topic, value, partition=partition, on_delivery=on_delivery)
+                        break
+                    except BufferError:
+                        self.producer.poll(0.05)
+        self._flush(errors)
+        for written in offsets.values():
+            written.sort()
+        return offsets
+
+    def _flush(self, errors: list[str]) -> None:
+        remaining = self.producer.flush(FLUSH_TIMEOUT_S)
+        if remaining:
+            raise DeliveryFailed(f"{remaining} messages not acknowledged within {FLUSH_TIMEOUT_S}s")
+        if errors:
+            raise DeliveryFailed("; ".join(errors[:5]))
+
+    def close(self) -> None:
+        self.producer.flush(FLUSH_TIMEOUT_S)
+        for proc in self.processors.values():
+            proc.state.store.close()
+        self.processors.clear()

@@ -1,0 +1,432 @@
+"""The partition state machine: one partition's state and what each command does to it.
+
+No Kafka here: a PartitionProcessor takes records (offset, timestamp, key, value) in partition order and
+returns the messages to emit, while staging its state writes. streams/engine.py owns the commit path
+(emit, then changelog, then one RocksDB WriteBatch) and the restore.
+
+Per record (DESIGN.md §4): decode -> inbox check -> due hold expiries -> route (system-account shards,
+credits to other partitions through clearing) -> core.execute (pure) -> stage writes -> outputs.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from schemas.codec import DecodeError, codec
+from streams import core, routing
+from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rejection, Result
+from streams.store import KeyValueStore
+from streams.wire import (
+    WireError,
+    account_from_record,
+    account_to_record,
+    balance_to_wire,
+    command_from_wire,
+    command_to_wire,
+    history_to_wire,
+    hold_from_record,
+    hold_to_record,
+    rejection_to_wire,
+    result_to_wire,
+)
+
+# client_id of the commands the engine issues itself (expiries, shard opening, cross-partition credits).
+ENGINE_CLIENT = "ledger"
+# Metadata of a cross-partition credit: where the money goes back if the credit cannot apply.
+RETURN_TO = "ledger.return_to"
+RETURN_PARTITION = "ledger.return_partition"
+CHANGELOG_OFFSET_KEY = b"m/changelog"
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    topic: str  # logical name: results, history, balances, commands, dlq
+    key: bytes
+    value: bytes
+    partition: int
+    timestamp_ms: int
+
+
+def _inbox_key(client_id: str, command_id: str) -> bytes:
+    return b"i/" + client_id.encode() + b"\x00" + command_id.encode()
+
+
+def _expiry_key(hold: Hold) -> bytes:
+    return f"x/{hold.expires_at_ms:020d}/".encode() + hold.id.encode()
+
+
+def _dumps(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+class PartitionState:
+    """StateReader over one partition's store, with the writes of the current batch staged on top."""
+
+    def __init__(self, store: KeyValueStore):
+        self.store = store
+        self._puts: dict[bytes, bytes] = {}
+        self._deletes: set[bytes] = set()
+        # Decoded records (committed or staged). Dropped whole with the staged writes on discard().
+        self._accounts: dict[str, Account | None] = {}
+        self._holds: dict[str, Hold | None] = {}
+        # (expires_at_ms, hold_id) of open holds with an expiry; stale entries are skipped when popped.
+        self.expiries: list[tuple[int, str]] = []
+        self._load_expiries()
+
+    def _load_expiries(self) -> None:
+        self.expiries = []
+        for key, _ in self.store.scan(b"x/"):
+            _, at, hold_id = key.decode().split("/", 2)
+            self.expiries.append((int(at), hold_id))
+        heapq.heapify(self.expiries)
+
+    def _get(self, key: bytes) -> bytes | None:
+        if key in self._puts:
+            return self._puts[key]
+        if key in self._deletes:
+            return None
+        return self.store.get(key)
+
+    # StateReader -------------------------------------------------------------------------------------------
+    def account(self, account_id: str) -> Account | None:
+        try:
+            return self._accounts[account_id]
+        except KeyError:
+            raw = self._get(b"a/" + account_id.encode())
+            value = None if raw is None else account_from_record(json.loads(raw))
+            self._accounts[account_id] = value
+            return value
+
+    def hold(self, hold_id: str) -> Hold | None:
+        try:
+            return self._holds[hold_id]
+        except KeyError:
+            raw = self._get(b"h/" + hold_id.encode())
+            value = None if raw is None else hold_from_record(json.loads(raw))
+            self._holds[hold_id] = value
+            return value
+
+    def processed(self, key: tuple[str, str]) -> Processed | None:
+        change = self.change_record(*key)
+        if change is None:
+            return None
+        wire = codec().decode("result", change["result"])
+        reason = None if wire["reason"] is None else Rejection[wire["reason"].upper()]
+        return Processed(change["fingerprint"], Result(
+            wire["command_id"], wire["client_id"], wire["outcome"], reason, wire["detail"], ()))
+
+    # Engine side -------------------------------------------------------------------------------------------
+    def change_record(self, client_id: str, command_id: str) -> dict[str, Any] | None:
+        """The stored StateChange of a decided command (the inbox entry), or None."""
+        raw = self._get(_inbox_key(client_id, command_id))
+        return None if raw is None else codec().decode("state", raw)
+
+    def stage(self, change: dict[str, Any], encoded: bytes) -> None:
+        """Stage every write of one StateChange record (also used, unchanged, by restore)."""
+        puts = self._puts
+        for record in change["accounts"]:
+            account = account_from_record(record)
+            self._accounts[account.id] = account
+            puts[b"a/" + account.id.encode()] = _dumps(record)
+        for record in change["holds"]:
+            hold = hold_from_record(record)
+            self._holds[hold.id] = hold
+            puts[b"h/" + hold.id.encode()] = _dumps(record)
+            if hold.expires_at_ms is not None:
+                key = _expiry_key(hold)
+                if hold.status is HoldStatus.OPEN:
+                    puts[key] = b""
+                    self._deletes.discard(key)
+                    heapq.heappush(self.expiries, (hold.expires_at_ms, hold.id))
+                else:
+                    puts.pop(key, None)
+                    self._deletes.add(key)
+        key = _inbox_key(change["client_id"], change["command_id"])
+        puts[key] = encoded
+
+    @property
+    def has_staged(self) -> bool:
+        return bool(self._puts or self._deletes)
+
+    def commit(self, changelog_next_offset: int) -> None:
+        """Write everything staged, and the changelog position it corresponds to, in one atomic batch."""
+        self._puts[CHANGELOG_OFFSET_KEY] = str(changelog_next_offset).encode()
+        self.store.write(self._puts, self._deletes)
+        self._puts = {}
+        self._deletes = set()
+
+    def discard(self) -> None:
+        """Forget everything staged (the batch will be redone after a restore)."""
+        self._puts = {}
+        self._deletes = set()
+        self._accounts.clear()
+        self._holds.clear()
+        self._load_expiries()
+
+    def changelog_offset(self) -> int:
+        raw = self.store.get(CHANGELOG_OFFSET_KEY)
+        return 0 if raw is None else int(raw)
+
+
+class PartitionProcessor:
+    """Applies commands of one partition in order; collects outputs and changelog records."""
+
+    def __init__(self, partition: int, partitions: int, store: KeyValueStore,
+                 currencies: core.CurrencyRegistry = core.DEFAULT_CURRENCIES):
+        self.partition = partition
+        self.partitions = partitions
+        self.currencies = currencies
+        self.state = PartitionState(store)
+        self.outputs: list[Output] = []
+        self.changelog: list[bytes] = []  # encoded StateChange records of the batch, in order
+        self._codec = codec()
+
+    # One record ------------------------------------------------------------------------------------------
+    def handle(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None) -> None:
+        try:
+            record = self._codec.decode("command", value)
+        except DecodeError as exc:
+            self._dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
+            return
+        client_id, command_id = record["client_id"], record["command_id"]
+        try:
+            command = command_from_wire(record, timestamp_ms)
+        except WireError as exc:
+            self._reject(command_id, client_id, timestamp_ms, exc.reason, exc.detail)
+            return
+        except (TypeError, ValueError) as exc:  # a field the core refuses (e.g. empty id in a Leg)
+            self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, str(exc))
+            return
+        if self._answer_if_seen(command):
+            return
+        self._expire_due(offset, timestamp_ms)
+        self._route_and_execute(command, offset)
+
+    def _answer_if_seen(self, command: core.Command) -> bool:
+        """Inbox check: a decided command id gets its original result (or id_conflict) and nothing else."""
+        stored = self.state.change_record(command.client_id, command.command_id)
+        if stored is None:
+            return False
+        if stored["fingerprint"] == command.fingerprint():
+            original = self._codec.decode("result", stored["result"])
+            self._emit_result({**original, "duplicate": True})
+        else:
+            self._reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
+                         f"command {command.command_id} of {command.client_id} was already used with another payload")
+        return True
+
+    def _expire_due(self, offset: int, now_ms: int) -> None:
+        """Expire every open hold whose expires_at_ms has passed in log time (deterministic: P7)."""
+        heap = self.state.expiries
+        while heap and heap[0][0] <= now_ms:
+            _, hold_id = heapq.heappop(heap)
+            hold = self.state.hold(hold_id)
+            if hold is None or hold.status is not HoldStatus.OPEN:
+                continue  # ended since it was indexed
+            self._execute(core.ExpireHold(command_id=f"expire:{hold_id}", client_id=ENGINE_CLIENT,
+                                          at_ms=now_ms, hold_id=hold_id), offset)
+
+    # Routing -----------------------------------------------------------------------------------------------
+    def _home(self, account_id: str) -> int | None:
+        """The partition of an ordinary account; None for a system account (it has a shard everywhere)."""
+        if routing.is_system(account_id):
+            return None
+        return routing.partition_of_account(account_id, self.partitions)
+
+    def _local(self, account_id: str) -> str:
+        return routing.shard_of(account_id, self.partition) if routing.is_system(account_id) else account_id
+
+    def _route_and_execute(self, command: core.Command, offset: int) -> None:
+        if isinstance(command, core.OpenAccount) and routing.is_system(command.account_id):
+            self._reject_command(command, Rejection.INVALID_COMMAND,
+                                 "system accounts (sys:...) open themselves on first use")
+            return
+        if isinstance(command, core.PostTransaction):
+            self._transaction(command, offset)
+            return
+        account_id = getattr(command, "account_id", None)
+        if account_id is not None:
+            home = self._home(account_id)
+            if home is not None and home != self.partition:
+                self._forward(command, home)
+                return
+            if routing.is_system(account_id):
+                if not self._open_shards([account_id], command, offset):
+                    return
+                self._execute(replace(command, account_id=self._local(account_id)), offset, command)
+                return
+        self._execute(command, offset)
+
+    def _transaction(self, tx: core.PostTransaction, offset: int) -> None:
+        debit_homes = {self._home(leg.account_id) for leg in tx.legs if leg.amount < 0} - {None}
+        if debit_homes and self.partition not in debit_homes:
+            if len(debit_homes) == 1:
+                self._forward(tx, debit_homes.pop())
+                return
+        if len(debit_homes) > 1:
+            self._reject_command(tx, Rejection.INVALID_COMMAND,
+                                 "debit legs in more than one partition are not supported yet")
+            return
+        legs: list[Leg] = []
+        remote: list[tuple[Leg, int, str]] = []  # (leg, its partition, currency)
+        for leg in tx.legs:
+            home = self._home(leg.account_id)
+            if home is None or home == self.partition:
+                if routing.SHARD_MARK in leg.account_id and routing.is_system(leg.account_id):
+                    self._reject_command(tx, Rejection.INVALID_COMMAND, "shard ids (sys:...@n) are internal")
+                    return
+                legs.append(replace(leg, account_id=self._local(leg.account_id)))
+                continue
+            currency = leg.currency or routing.system_currency(leg.account_id)
+            if leg.hold_id is not None or self.currencies.get(currency) is None:
+                self._reject_command(tx, Rejection.INVALID_COMMAND,
+                                     f"leg on {leg.account_id} (another partition) needs its currency")
+                return
+            remote.append((leg, home, currency))
+            legs.append(Leg(routing.shard_of(f"sys:clearing:{currency}", self.partition), leg.amount))
+        system = [leg.account_id for leg in tx.legs if routing.is_system(leg.account_id)]
+        system += [f"sys:clearing:{currency}" for _, _, currency in remote]
+        if not self._open_shards(system, tx, offset):
+            return
+        local = replace(tx, legs=tuple(legs))
+        result = self._execute(local, offset, tx)
+        if result.outcome == "accepted":
+            for index, (leg, home, currency) in enumerate(remote):
+                self._send_credit(tx, index, leg, home, currency)
+        elif tx.client_id == ENGINE_CLIENT and dict(tx.metadata).get(RETURN_TO):
+            self._send_return(tx)
+
+    def _open_shards(self, system_ids: list[str], command: core.Command, offset: int) -> bool:
+        """Open the local shard of each system account on first use; False (rejected) for an unknown currency."""
+        for account_id in dict.fromkeys(system_ids):
+            shard = self._local(account_id)
+            if self.state.account(shard) is not None:
+                continue
+            currency = routing.system_currency(account_id)
+            if self.currencies.get(currency) is None:
+                self._reject_command(command, Rejection.UNKNOWN_CURRENCY,
+                                     f"system account {account_id} names unknown currency {currency}")
+                return False
+            self._execute(core.OpenAccount(command_id=f"open:{shard}", client_id=ENGINE_CLIENT, at_ms=command.at_ms,
+                                           account_id=shard, currency=currency, policy=core.SYSTEM_POLICY), offset)
+        return True
+
+    # Cross-partition follow-ups ----------------------------------------------------------------------------
+    def _send_credit(self, tx: core.PostTransaction, index: int, leg: Leg, home: int, currency: str) -> None:
+        """Money left this partition into clearing; the credit lands in the account's own partition."""
+        credit_id = f"{tx.transaction_id}~credit~{index}"
+        debtor = next(l.account_id for l in tx.legs if l.amount < 0 and self._home(l.account_id) in (None, self.partition))
+        credit = core.PostTransaction(
+            command_id=credit_id, client_id=ENGINE_CLIENT, at_ms=tx.at_ms, transaction_id=credit_id,
+            legs=(Leg(f"sys:clearing:{currency}", -leg.amount), Leg(leg.account_id, leg.amount, None, leg.currency)),
+            kind=tx.kind, reference=tx.transaction_id, links=(tx.transaction_id,),
+            metadata=((RETURN_PARTITION, str(self.partition)), (RETURN_TO, debtor)),
+            occurred_at_ms=tx.occurred_at_ms,
+        )
+        self._send_command(credit, routing.routing_key_for(leg.account_id), home)
+
+    def _send_return(self, credit: core.PostTransaction) -> None:
+        """A credit from another partition could not apply: send the money back through clearing."""
+        meta = dict(credit.metadata)
+        clearing, target = credit.legs
+        back_id = f"{credit.transaction_id}~return"
+        back = core.PostTransaction(
+            command_id=back_id, client_id=ENGINE_CLIENT, at_ms=credit.at_ms, transaction_id=back_id,
+            legs=(Leg(clearing.account_id, clearing.amount), Leg(meta[RETURN_TO], target.amount)),
+            kind="return", reference=credit.reference, links=credit.links, occurred_at_ms=credit.occurred_at_ms,
+        )
+        self._send_command(back, routing.routing_key_for(meta[RETURN_TO]), int(meta[RETURN_PARTITION]))
+
+    def _forward(self, command: core.Command, home: int) -> None:
+        """A command sent to the wrong partition goes, unchanged, to the one that owns its account."""
+        self._send_command(command, routing.routing_key_for(getattr(command, "account_id", "")
+                                                            or next(l.account_id for l in command.legs if l.amount < 0)), home)
+
+    def _send_command(self, command: core.Command, key: str, partition: int) -> None:
+        value = self._codec.encode("command", command_to_wire(command))
+        self.outputs.append(Output("commands", key.encode(), value, partition, command.at_ms))
+
+    # Execution and outputs ---------------------------------------------------------------------------------
+    def _execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None) -> Result:
+        """Decide and stage one command. as_sent: the command as the client sent it, before routing
+        rewrote system accounts to their shards; its fingerprint is the one a retry is compared with."""
+        result, changes = core.execute(self.state, command, self.currencies)
+        if changes.processed is None:  # duplicate or conflict found by the core itself
+            self._emit_result(result_to_wire(result, command.at_ms, None, []))
+            return result
+        self._record(command, result, changes, offset, (as_sent or command).fingerprint())
+        return result
+
+    def _record(self, command: core.Command, result: Result, changes: Changes, offset: int,
+                fingerprint: str) -> None:
+        transaction_id = command.transaction_id if isinstance(command, core.PostTransaction) and \
+            result.outcome == "accepted" else None
+        holds = list(changes.holds.values())
+        wire_result = result_to_wire(result, command.at_ms, transaction_id, holds)
+        encoded_result = self._codec.encode("result", wire_result)
+        change = {
+            "client_id": command.client_id,
+            "command_id": command.command_id,
+            "fingerprint": fingerprint,
+            "source_partition": self.partition,
+            "source_offset": offset,
+            "accounts": [account_to_record(a) for a in changes.accounts.values()],
+            "holds": [hold_to_record(h) for h in holds],
+            "result": encoded_result,
+        }
+        encoded_change = self._codec.encode("state", change)
+        self.state.stage(change, encoded_change)
+        self.changelog.append(encoded_change)
+        # Outputs: the result, one history entry per change, the new balance of each changed account.
+        at = command.at_ms
+        self.outputs.append(Output("results", f"{command.client_id}/{command.command_id}".encode(),
+                                   encoded_result, self.partition, at))
+        for entry in changes.history:
+            currency = changes.accounts[entry.account_id].currency
+            value = self._codec.encode("history", history_to_wire(entry, currency, command.command_id,
+                                                                  command.client_id))
+            self.outputs.append(Output("history", entry.account_id.encode(), value, self.partition, at))
+        for account in changes.accounts.values():
+            self.outputs.append(Output("balances", account.id.encode(),
+                                       self._codec.encode("balance", balance_to_wire(account)), self.partition, at))
+
+    def _emit_result(self, wire_result: dict[str, Any]) -> None:
+        key = f"{wire_result['client_id']}/{wire_result['command_id']}".encode()
+        self.outputs.append(Output("results", key, self._codec.encode("result", wire_result), self.partition,
+                                   wire_result["at_ms"]))
+
+    def _reject(self, command_id: str, client_id: str, at_ms: int, reason: Rejection, detail: str) -> None:
+        """A rejection decided before the core (unreadable fields, routing): answered, not remembered."""
+        self._emit_result(rejection_to_wire(command_id, client_id, at_ms, reason, detail))
+
+    def _reject_command(self, command: core.Command, reason: Rejection, detail: str) -> None:
+        self._reject(command.command_id, command.client_id, command.at_ms, reason, detail)
+
+    def _dead_letter(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
+                     reason: str, detail: str) -> None:
+        record = {"reason": reason, "detail": detail, "topic": "commands", "partition": self.partition,
+                  "offset": offset, "timestamp_ms": timestamp_ms, "key": key, "value": value}
+        self.outputs.append(Output("dlq", f"{self.partition}/{offset}".encode(),
+                                   self._codec.encode("dead_letter", record), self.partition, timestamp_ms))
+
+    # Batch boundaries --------------------------------------------------------------------------------------
+    def take(self) -> tuple[list[Output], list[bytes]]:
+        """The batch's outputs and changelog records, emptied for the next batch."""
+        outputs, changelog = self.outputs, self.changelog
+        self.outputs, self.changelog = [], []
+        return outputs, changelog
+
+    def restore(self, records: list[bytes], next_offset: int) -> int:
+        """Apply changelog records not yet in the store (skipping commands the inbox already has)."""
+        applied = 0
+        for encoded in records:
+            change = self._codec.decode("state", encoded)
+            if self.state.change_record(change["client_id"], change["command_id"]) is not None:
+                continue  # a record written twice (e.g. by a paused worker after the partition moved)
+            self.state.stage(change, encoded)
+            applied += 1
+        self.state.commit(next_offset)
+        self.state.discard()  # rebuild caches and the expiry heap from the store
+        return applied

@@ -1,0 +1,229 @@
+"""Translation between Avro records (schemas/*.avsc) and the core's values.
+
+Amounts cross the wire as decimal strings of signed integer minor units: exact in any language for the
+whole 128-bit range. A wire value that cannot become a core command is a rejection value, not an exception.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from streams import core
+from streams.core import (
+    Account,
+    AccountPolicy,
+    AccountStatus,
+    HistoryEntry,
+    Hold,
+    HoldStatus,
+    Leg,
+    Rejection,
+    Result,
+)
+
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)\Z")
+
+
+class WireError(ValueError):
+    """A decodable command whose fields cannot form a core command."""
+
+    def __init__(self, reason: Rejection, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def parse_minor(text: str, field: str) -> int:
+    """A wire amount (decimal integer of minor units) -> int; WireError when it is not one."""
+    if not _INTEGER.match(text):
+        raise WireError(Rejection.INVALID_AMOUNT, f"{field} must be an integer of minor units, got {text[:40]!r}")
+    value = int(text)
+    if abs(value) > core.MAX_ABS_AMOUNT:
+        raise WireError(Rejection.AMOUNT_OUT_OF_RANGE, f"{field} is beyond the signed 128-bit range")
+    return value
+
+
+def _optional_minor(text: str | None, field: str) -> int | None:
+    return None if text is None else parse_minor(text, field)
+
+
+# --- commands -------------------------------------------------------------------------------------------
+
+
+def command_from_wire(record: dict[str, Any], at_ms: int) -> core.Command:
+    """A decoded Command record -> a core command at log time at_ms. Raises WireError."""
+    name, body = record["body"]
+    kind = name.rsplit(".", 1)[-1]
+    common = {"command_id": record["command_id"], "client_id": record["client_id"], "at_ms": at_ms}
+    if kind == "PostTransaction":
+        legs = tuple(
+            Leg(leg["account_id"], parse_minor(leg["amount"], "leg amount"), leg["hold_id"], leg.get("currency"))
+            for leg in body["legs"]
+        )
+        return core.PostTransaction(
+            **common,
+            transaction_id=body["transaction_id"],
+            legs=legs,
+            kind=body["kind"],
+            reference=body["reference"],
+            links=tuple(body["links"]),
+            metadata=tuple(sorted(body["metadata"].items())),
+            occurred_at_ms=body["occurred_at_ms"],
+            rate_snapshot_id=body["rate_snapshot_id"],
+        )
+    if kind == "OpenAccount":
+        policy = AccountPolicy(
+            allow_negative=body["allow_negative"],
+            overdraft_limit=parse_minor(body["overdraft_limit"], "overdraft_limit"),
+            max_balance=_optional_minor(body["max_balance"], "max_balance"),
+        )
+        return core.OpenAccount(
+            **common, account_id=body["account_id"], currency=body["currency"], policy=policy,
+            routing_key=body["routing_key"],
+        )
+    if kind == "PlaceHold":
+        return core.PlaceHold(
+            **common, hold_id=body["hold_id"], account_id=body["account_id"],
+            amount=parse_minor(body["amount"], "amount"), expires_at_ms=body["expires_at_ms"],
+        )
+    simple = {
+        "FreezeAccount": core.FreezeAccount,
+        "UnfreezeAccount": core.UnfreezeAccount,
+        "CloseAccount": core.CloseAccount,
+        "ReleaseHold": core.ReleaseHold,
+        "ExpireHold": core.ExpireHold,
+    }
+    return simple[kind](**common, **body)
+
+
+def command_to_wire(command: core.Command) -> dict[str, Any]:
+    """A core command -> a Command record (the inverse of command_from_wire, without at_ms)."""
+    kind = type(command).__name__
+    if isinstance(command, core.PostTransaction):
+        body: dict[str, Any] = {
+            "transaction_id": command.transaction_id,
+            "legs": [
+                {"account_id": leg.account_id, "amount": str(leg.amount), "hold_id": leg.hold_id,
+                 "currency": leg.currency}
+                for leg in command.legs
+            ],
+            "kind": command.kind,
+            "reference": command.reference,
+            "links": list(command.links),
+            "metadata": dict(command.metadata),
+            "occurred_at_ms": command.occurred_at_ms,
+            "rate_snapshot_id": command.rate_snapshot_id,
+        }
+    elif isinstance(command, core.OpenAccount):
+        policy = command.policy
+        body = {
+            "account_id": command.account_id, "currency": command.currency,
+            "allow_negative": policy.allow_negative, "overdraft_limit": str(policy.overdraft_limit),
+            "max_balance": None if policy.max_balance is None else str(policy.max_balance),
+            "routing_key": command.routing_key,
+        }
+    elif isinstance(command, core.PlaceHold):
+        body = {
+            "hold_id": command.hold_id, "account_id": command.account_id, "amount": str(command.amount),
+            "expires_at_ms": command.expires_at_ms,
+        }
+    elif isinstance(command, (core.ReleaseHold, core.ExpireHold)):
+        body = {"hold_id": command.hold_id}
+    else:
+        body = {"account_id": command.account_id}
+    return {"command_id": command.command_id, "client_id": command.client_id, "body": (f"ledger.{kind}", body)}
+
+
+# --- state records ----------------------------------------------------------------------------------------
+
+
+def account_to_record(a: Account) -> dict[str, Any]:
+    return {
+        "account_id": a.id, "currency": a.currency, "routing_key": a.routing_key,
+        "allow_negative": a.policy.allow_negative, "overdraft_limit": str(a.policy.overdraft_limit),
+        "max_balance": None if a.policy.max_balance is None else str(a.policy.max_balance),
+        "status": a.status.value, "posted": str(a.posted), "held": str(a.held), "seq": a.seq,
+        "last_transaction_id": a.last_transaction_id, "updated_at_ms": a.updated_at_ms,
+    }
+
+
+def account_from_record(r: dict[str, Any]) -> Account:
+    policy = AccountPolicy(
+        r["allow_negative"], int(r["overdraft_limit"]),
+        None if r["max_balance"] is None else int(r["max_balance"]),
+    )
+    return Account(
+        r["account_id"], r["currency"], r["routing_key"], policy, AccountStatus(r["status"]),
+        int(r["posted"]), int(r["held"]), r["seq"], r["last_transaction_id"], r["updated_at_ms"],
+    )
+
+
+def hold_to_record(h: Hold) -> dict[str, Any]:
+    return {
+        "hold_id": h.id, "account_id": h.account_id, "amount": str(h.amount), "captured": str(h.captured),
+        "released": str(h.released), "status": h.status.value, "expires_at_ms": h.expires_at_ms,
+        "capture_transaction_ids": list(h.capture_transaction_ids),
+    }
+
+
+def hold_from_record(r: dict[str, Any]) -> Hold:
+    return Hold(
+        r["hold_id"], r["account_id"], int(r["amount"]), int(r["captured"]), int(r["released"]),
+        HoldStatus(r["status"]), r["expires_at_ms"], tuple(r["capture_transaction_ids"]),
+    )
+
+
+# --- outputs ----------------------------------------------------------------------------------------------
+
+
+def result_to_wire(result: Result, at_ms: int, transaction_id: str | None, holds: list[Hold]) -> dict[str, Any]:
+    return {
+        "command_id": result.command_id,
+        "client_id": result.client_id,
+        "outcome": result.outcome,
+        "reason": None if result.reason is None else result.reason.code,
+        "detail": result.detail,
+        "duplicate": result.duplicate,
+        "transaction_id": transaction_id,
+        "at_ms": at_ms,
+        "holds": [
+            {"hold_id": h.id, "account_id": h.account_id, "amount": str(h.amount), "captured": str(h.captured),
+             "released": str(h.released), "status": h.status.value, "expires_at_ms": h.expires_at_ms}
+            for h in holds
+        ],
+    }
+
+
+def rejection_to_wire(command_id: str, client_id: str, at_ms: int, reason: Rejection, detail: str) -> dict:
+    return {
+        "command_id": command_id, "client_id": client_id, "outcome": "rejected", "reason": reason.code,
+        "detail": detail, "duplicate": False, "transaction_id": None, "at_ms": at_ms, "holds": [],
+    }
+
+
+def history_to_wire(e: HistoryEntry, currency: str, command_id: str, client_id: str) -> dict[str, Any]:
+    return {
+        "entry_id": f"{e.account_id}#{e.seq}",
+        "account_id": e.account_id,
+        "currency": currency,
+        "seq": e.seq,
+        "amount": str(e.amount),
+        "posted_after": str(e.posted_after),
+        "held_after": str(e.held_after),
+        "transaction_id": e.transaction_id,
+        "kind": e.kind,
+        "reference": e.reference,
+        "hold_id": e.hold_id,
+        "occurred_at_ms": e.at_ms if e.occurred_at_ms is None else e.occurred_at_ms,
+        "at_ms": e.at_ms,
+        "command_id": command_id,
+        "client_id": client_id,
+    }
+
+
+def balance_to_wire(a: Account) -> dict[str, Any]:
+    return {
+        "account_id": a.id, "currency": a.currency, "status": a.status.value, "posted": str(a.posted),
+        "held": str(a.held), "available": str(a.available), "seq": a.seq,
+        "last_transaction_id": a.last_transaction_id, "updated_at_ms": a.updated_at_ms,
+    }

@@ -1,0 +1,328 @@
+"""Table-driven scenarios: one line per command with its expected result and balances (see ledger_dsl)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from streams.core import (
+    BalanceView,
+    HoldStatus,
+    Leg,
+    Rejection,
+    TransactionPosted,
+    balance_as_of_seq,
+    balance_as_of_time,
+    execute,
+    reversal_of,
+)
+
+from .ledger_dsl import run
+
+EXCHANGE = """
+open world:USDT USDT neg           | ok
+open world:BTC BTC neg             | ok
+open fees:USDT USDT neg            | ok
+open fees:BTC BTC neg              | ok
+open buyer:USDT USDT               | ok
+open buyer:BTC BTC                 | ok
+open seller:USDT USDT              | ok
+open seller:BTC BTC                | ok
+transfer dep1 world:USDT->buyer:USDT 40000 kind=deposit | ok | buyer:USDT=40000/0
+transfer dep2 world:BTC->seller:BTC 0.2 kind=deposit    | ok | seller:BTC=0.2/0
+"""
+
+
+def test_worked_example_design_section_8() -> None:
+    ledger = run(EXCHANGE + """
+# limit buy 0.5 BTC at 60,000 USDT: hold 30,000 USDT; the resting ask holds its 0.2 BTC
+hold buy1 buyer:USDT 30000          | ok | buyer:USDT=40000/30000
+hold ask1 seller:BTC 0.2            | ok | seller:BTC=0.2/0.2
+# fill 0.2 BTC at 59,900 = 11,980 USDT; maker fee 0.1% = 11.98 USDT; taker fee 0.2% = 0.0004 BTC
+tx fill1 buyer:USDT@buy1=-11980 seller:USDT=11968.02 fees:USDT=11.98 seller:BTC@ask1=-0.2 buyer:BTC=0.1996 fees:BTC=0.0004 kind=trade ref=buy1 | ok | buyer:USDT=28020/18020 seller:USDT=11968.02/0 fees:USDT=11.98 buyer:BTC=0.1996/0 seller:BTC=0/0 fees:BTC=0.0004
+# the user cancels the rest: 18,020 USDT come back
+release buy1                        | ok | buyer:USDT=28020/0
+""")
+    buyer = ledger.state.accounts["buyer:USDT"]
+    assert buyer.available == 28_020_000000 and buyer.held == 0
+    hold = ledger.state.holds["buy1"]
+    assert (hold.status, hold.captured, hold.released) == (HoldStatus.RELEASED, 11_980_000000, 18_020_000000)
+    assert hold.capture_transaction_ids == ("fill1",)
+    assert ledger.state.holds["ask1"].status is HoldStatus.CAPTURED
+    assert ledger.results[-1].events[0].amount == 18_020_000000  # HoldReleased returns 18,020 USDT
+
+
+def test_market_maker_counterparty_is_still_double_entry() -> None:
+    run(EXCHANGE + """
+open liquidity:USDT USDT neg       | ok
+open liquidity:BTC BTC neg         | ok
+hold buy1 buyer:USDT 30000         | ok
+tx fill1 buyer:USDT@buy1=-11980 liquidity:USDT=11980 liquidity:BTC=-0.2 buyer:BTC=0.2 kind=trade | ok | buyer:USDT=28020/18020 buyer:BTC=0.2 liquidity:USDT=11980
+""")
+
+
+def test_two_withdrawals_exactly_one_succeeds() -> None:
+    run(EXCHANGE + """
+transfer w1 buyer:USDT->world:USDT 30000 kind=withdrawal | ok                 | buyer:USDT=10000/0
+transfer w2 buyer:USDT->world:USDT 30000 kind=withdrawal | insufficient_funds | buyer:USDT=10000/0
+""")
+
+
+def test_duplicate_delivery_has_one_effect() -> None:
+    ledger = run(EXCHANGE + """
+transfer t1 buyer:USDT->seller:USDT 100 id=cmd-1           | ok       | buyer:USDT=39900 seller:USDT=100
+transfer t1 buyer:USDT->seller:USDT 100 id=cmd-1 at=999999 | ok dup   | buyer:USDT=39900 seller:USDT=100
+transfer t2 buyer:USDT->seller:USDT 99999 id=cmd-2         | insufficient_funds
+transfer t2 buyer:USDT->seller:USDT 99999 id=cmd-2         | insufficient_funds dup
+# the same command id from another client is another command
+transfer t3 buyer:USDT->seller:USDT 100 id=cmd-1 client=other | ok   | buyer:USDT=39800 seller:USDT=200
+""")
+    first, again = ledger.results[10], ledger.results[11]
+    assert again.events == first.events and again.duplicate and not first.duplicate
+
+
+def test_duplicate_and_conflict_produce_no_changes() -> None:
+    ledger = run(EXCHANGE)
+    command = ledger._command(50, "transfer t1 buyer:USDT->seller:USDT 5 id=x")
+    result, changes = execute(ledger.state, command)
+    ledger.state.commit(changes)
+    again, nothing = execute(ledger.state, command)
+    assert again.duplicate and again.events == result.events and nothing.is_empty
+    other = ledger._command(51, "transfer t1 buyer:USDT->seller:USDT 6 id=x")
+    conflict, nothing = execute(ledger.state, other)
+    assert conflict.reason is Rejection.ID_CONFLICT and nothing.is_empty
+
+
+def test_id_conflict_changes_nothing() -> None:
+    run(EXCHANGE + """
+transfer t1 buyer:USDT->seller:USDT 100 id=k  | ok          | buyer:USDT=39900 seller:USDT=100
+transfer t1 buyer:USDT->seller:USDT 101 id=k  | id_conflict | buyer:USDT=39900 seller:USDT=100
+hold h1 buyer:USDT 1 id=k                     | id_conflict | buyer:USDT=39900/0
+# the original is still answered as before
+transfer t1 buyer:USDT->seller:USDT 100 id=k  | ok dup      | buyer:USDT=39900
+""")
+
+
+def test_double_release() -> None:
+    run(EXCHANGE + """
+hold h1 buyer:USDT 500     | ok            | buyer:USDT=40000/500
+release h1                 | ok            | buyer:USDT=40000/0
+release h1                 | hold_not_open | buyer:USDT=40000/0
+capture c1 h1 buyer:USDT->seller:USDT 1 | hold_not_open
+release nope               | unknown_hold
+""")
+
+
+def test_capture_above_the_hold() -> None:
+    ledger = run(EXCHANGE + """
+hold h1 buyer:USDT 300                          | ok                   | buyer:USDT=40000/300
+capture c1 h1 buyer:USDT->seller:USDT 301       | capture_exceeds_hold | buyer:USDT=40000/300
+capture c2 h1 buyer:USDT->seller:USDT 100       | ok                   | buyer:USDT=39900/200 seller:USDT=100
+capture c3 h1 buyer:USDT->seller:USDT 201       | capture_exceeds_hold | buyer:USDT=39900/200
+# two legs on one hold in one transaction are added up
+tx c4 buyer:USDT@h1=-150 buyer:USDT@h1=-51 seller:USDT=201 | capture_exceeds_hold
+tx c5 buyer:USDT@h1=-150 buyer:USDT@h1=-50 seller:USDT=200 | ok | buyer:USDT=39700/0 seller:USDT=300
+capture c6 h1 buyer:USDT->seller:USDT 1         | hold_not_open
+""")
+    hold = ledger.state.holds["h1"]
+    assert hold.status is HoldStatus.CAPTURED and hold.capture_transaction_ids == ("c2", "c5")
+
+
+def test_limit_bid_filled_below_limit_price_returns_the_difference() -> None:
+    run(EXCHANGE + """
+transfer dep3 world:BTC->seller:BTC 0.8 kind=deposit | ok | seller:BTC=1
+# buy 1 BTC with limit 31,000: hold 31,000 USDT; it fills in two parts at 30,000 and 30,500
+hold bid1 buyer:USDT 31000 | ok | buyer:USDT=40000/31000
+tx f1 buyer:USDT@bid1=-15000 seller:USDT=15000 seller:BTC=-0.5 buyer:BTC=0.5 kind=trade | ok | buyer:USDT=25000/16000
+tx f2 buyer:USDT@bid1=-15250 seller:USDT=15250 seller:BTC=-0.5 buyer:BTC=0.5 kind=trade | ok | buyer:USDT=9750/750
+# the order is complete: closing it releases the 750 USDT price improvement
+release bid1 | ok | buyer:USDT=9750/0 buyer:BTC=1 seller:USDT=30250
+""")
+
+
+def test_frozen_and_closed_accounts() -> None:
+    run(EXCHANGE + """
+freeze buyer:USDT                                   | ok
+freeze buyer:USDT                                   | account_frozen
+transfer t1 buyer:USDT->seller:USDT 1               | account_frozen     | buyer:USDT=40000
+hold h1 buyer:USDT 1                                | account_frozen
+transfer t2 world:USDT->buyer:USDT 5 kind=deposit   | ok                 | buyer:USDT=40005
+unfreeze buyer:USDT                                 | ok
+unfreeze buyer:USDT                                 | account_not_frozen
+hold h2 buyer:USDT 5                                | ok                 | buyer:USDT=40005/5
+close buyer:USDT                                    | account_not_empty
+release h2                                          | ok
+close buyer:USDT                                    | account_not_empty
+transfer t3 buyer:USDT->world:USDT 40005            | ok                 | buyer:USDT=0/0
+close buyer:USDT                                    | ok
+transfer t4 world:USDT->buyer:USDT 1                | account_closed
+# a closed account is empty, and insufficient_funds outranks account_closed (DESIGN.md §3 order)
+hold h3 buyer:USDT 1                                | insufficient_funds
+transfer t5 buyer:USDT->world:USDT 1                | insufficient_funds
+freeze buyer:USDT                                   | account_closed
+unfreeze buyer:USDT                                 | account_closed
+close buyer:USDT                                    | account_closed
+open buyer:USDT USDT                                | account_exists
+# a frozen account with no money can be closed
+freeze seller:USDT                                  | ok
+close seller:USDT                                   | ok
+""")
+
+
+def test_eighteen_decimal_asset_beyond_int64() -> None:
+    ledger = run("""
+open world:ETH ETH neg  | ok
+open whale:ETH ETH      | ok
+open other:ETH ETH      | ok
+transfer e1 world:ETH->whale:ETH 123456789.123456789123456789 | ok | whale:ETH=123456789.123456789123456789
+transfer e2 whale:ETH->other:ETH 0.000000000000000001         | ok | other:ETH=0.000000000000000001
+""")
+    too_big = ledger._command(99, "tx e3 world:ETH=-1 whale:ETH=1")
+    too_big = dataclasses.replace(too_big, legs=(Leg("world:ETH", -(2**127)), Leg("whale:ETH", 2**127)))
+    assert execute(ledger.state, too_big)[0].reason is Rejection.AMOUNT_OUT_OF_RANGE
+    # a balance may not leave the 128-bit range either
+    near = dataclasses.replace(too_big, legs=(Leg("world:ETH", -(2**127 - 1)), Leg("whale:ETH", 2**127 - 1)))
+    assert execute(ledger.state, near)[0].reason is Rejection.AMOUNT_OUT_OF_RANGE
+    whale = ledger.state.accounts["whale:ETH"]
+    assert whale.posted > 2**63 and whale.posted == 123456789_123456789123456789 - 1
+    assert ledger.state.accounts["world:ETH"].posted < -(2**63)
+
+
+def test_back_dated_entry_and_point_in_time_balance() -> None:
+    ledger = run("""
+open world:USD USD neg | ok
+open shop:USD USD      | ok
+transfer t1 world:USD->shop:USD 100.00 at=10000                          | ok | shop:USD=100.00
+transfer t2 world:USD->shop:USD 50.00 at=20000 occurred=5000 kind=adjustment | ok | shop:USD=150.00
+transfer t3 shop:USD->world:USD 30.00 at=30000                           | ok | shop:USD=120.00
+""")
+    history = ledger.state.history
+    assert balance_as_of_time(history, "shop:USD", 4_999) == 0
+    assert balance_as_of_time(history, "shop:USD", 5_000) == 5_000  # only the back-dated 50.00
+    assert balance_as_of_time(history, "shop:USD", 15_000) == 15_000
+    assert balance_as_of_time(history, "shop:USD", 30_000) == 12_000
+    # by seq: 1 = opened, 2 = t1, 3 = t2, 4 = t3
+    assert [e.seq for e in ledger.state.history_of("shop:USD")] == [1, 2, 3, 4]
+    assert [balance_as_of_seq(history, "shop:USD", s) for s in range(5)] == [0, 0, 10_000, 15_000, 12_000]
+    view = BalanceView.from_account(ledger.state.accounts["shop:USD"])
+    assert (view.posted, view.held, view.available, view.seq, view.last_transaction_id, view.updated_at_ms) == (
+        12_000, 0, 12_000, 4, "t3", 30_000)
+
+
+def test_hold_expiry_is_judged_by_log_time() -> None:
+    run(EXCHANGE + """
+hold h1 buyer:USDT 100 at=10000 expires=20000          | ok                | buyer:USDT=40000/100
+expire h1 at=19999                                     | hold_not_expired  | buyer:USDT=40000/100
+capture c1 h1 buyer:USDT->seller:USDT 10 at=19999      | ok                | buyer:USDT=39990/90
+capture c2 h1 buyer:USDT->seller:USDT 10 at=20000      | hold_expired      | buyer:USDT=39990/90
+expire h1 at=20000                                     | ok                | buyer:USDT=39990/0
+expire h1 at=20001                                     | hold_not_open
+release h1                                             | hold_not_open
+hold h2 buyer:USDT 1                                   | ok
+expire h2 at=999999999                                 | hold_not_expired
+hold h3 buyer:USDT 1 at=5000 expires=5000              | invalid_command
+hold h2 buyer:USDT 1                                   | hold_exists
+""")
+
+
+def test_overdraft_and_balance_limits() -> None:
+    run("""
+open world:USD USD neg                     | ok
+open a:USD USD overdraft=10.00             | ok
+open b:USD USD max=100.00                  | ok
+transfer t1 a:USD->world:USD 10.00         | ok                     | a:USD=-10.00
+transfer t2 a:USD->world:USD 0.01          | insufficient_funds     | a:USD=-10.00
+hold h1 a:USD 0.01                         | insufficient_funds
+transfer t3 world:USD->b:USD 100.00        | ok                     | b:USD=100.00
+transfer t4 world:USD->b:USD 0.01          | balance_limit_exceeded | b:USD=100.00
+transfer t5 b:USD->world:USD 0.01          | ok                     | b:USD=99.99
+""")
+
+
+def test_transaction_shape_and_precedence() -> None:
+    run(EXCHANGE + """
+tx t1 buyer:USDT=-1                                    | invalid_command
+tx t2 buyer:USDT=0 seller:USDT=0                       | invalid_amount
+tx t3 buyer:USDT=-1 nobody:USDT=1                      | unknown_account
+tx t4 buyer:USDT=-1:BTC seller:USDT=1                  | currency_mismatch
+tx t5 buyer:USDT=-1 seller:USDT=2                      | unbalanced
+tx t6 buyer:USDT=-1 seller:BTC=1                       | unbalanced
+tx t7 buyer:USDT@nohold=-1 seller:USDT=1               | unknown_hold
+tx t8 seller:USDT@x=1 buyer:USDT=-1                    | invalid_command
+# unknown_account outranks unbalanced, unbalanced outranks insufficient_funds
+tx t9 buyer:USDT=-99999999 nobody:USDT=1               | unknown_account
+tx t10 buyer:USDT=-99999999 seller:USDT=1              | unbalanced
+# insufficient_funds outranks account_closed (DESIGN.md §3 order)
+freeze seller:USDT                                     | ok
+tx t11 buyer:USDT=-99999 seller:USDT=99999             | insufficient_funds
+transfer t12 seller:USDT->buyer:USDT 0.000001          | insufficient_funds
+tx t13 buyer:USDT=-1 world:USDT=1 meta=a:1 meta=a:2    | invalid_command
+tx t14 buyer:USDT=-1 world:USDT=1 meta=a:1 meta=b:2 rate=r1 link=t0 ref=x | ok | buyer:USDT=39999
+open x:FOO FOO                                         | unknown_currency
+""")
+
+
+def test_several_legs_of_one_account_combine() -> None:
+    run(EXCHANGE + """
+# -40,000 and +10,000 on the same account net to -30,000: allowed
+tx t1 buyer:USDT=-40000 buyer:USDT=10000 seller:USDT=30000      | ok | buyer:USDT=10000 seller:USDT=30000
+tx t2 buyer:USDT=-30000 buyer:USDT=10000.000001 seller:USDT=19999.999999 | insufficient_funds
+""")
+
+
+def test_fx_in_one_transaction_with_rate_snapshot() -> None:
+    ledger = run("""
+open world:USD USD neg   | ok
+open fx:USD USD neg      | ok
+open fx:EUR EUR neg      | ok
+open u:USD USD           | ok
+open u:EUR EUR           | ok
+transfer d1 world:USD->u:USD 100.00 kind=deposit                          | ok
+tx fx1 u:USD=-100.00 fx:USD=100.00 fx:EUR=-92.50 u:EUR=92.50 kind=fx rate=snap-7 | ok | u:USD=0 u:EUR=92.50
+tx fx2 u:EUR=-1.00 fx:USD=1.00 kind=fx                                      | unbalanced
+""")
+    posted = ledger.results[6].events[0]
+    assert isinstance(posted, TransactionPosted) and posted.rate_snapshot_id == "snap-7"
+
+
+def test_reversal_mirrors_and_links() -> None:
+    ledger = run(EXCHANGE + """
+transfer t1 buyer:USDT->seller:USDT 100 ref=order-9 | ok | buyer:USDT=39900 seller:USDT=100
+""")
+    original = ledger.results[-1].events[0]
+    reversal = reversal_of(original, transaction_id="r1", command_id="r1", client_id="test", at_ms=10**6)
+    assert reversal.kind == "reversal" and reversal.links == ("t1",) and reversal.reference == "order-9"
+    assert [(leg.account_id, leg.amount) for leg in reversal.legs] == [
+        ("buyer:USDT", 100_000000), ("seller:USDT", -100_000000)]
+    result, changes = execute(ledger.state, reversal)
+    ledger.state.commit(changes)
+    assert result.accepted and ledger.state.accounts["buyer:USDT"].posted == 40_000_000000
+
+
+def test_seq_counts_every_change_and_history_has_no_gaps() -> None:
+    ledger = run(EXCHANGE + """
+hold h1 buyer:USDT 10                         | ok
+capture c1 h1 buyer:USDT->seller:USDT 4       | ok
+release h1                                    | ok
+freeze buyer:USDT                             | ok
+""")
+    entries = ledger.state.history_of("buyer:USDT")
+    assert [e.seq for e in entries] == list(range(1, 7))
+    assert [e.kind for e in entries] == [
+        "account_opened", "deposit", "hold_placed", "transfer", "hold_released", "account_frozen"]
+    assert [(e.posted_after, e.held_after) for e in entries[2:5]] == [
+        (40_000_000000, 10_000000), (39_996_000000, 6_000000), (39_996_000000, 0)]
+    assert ledger.state.accounts["buyer:USDT"].seq == 6
+
+
+@pytest.mark.parametrize("reason", list(Rejection))
+def test_every_rejection_has_a_snake_code(reason: Rejection) -> None:
+    assert reason.code == reason.name.lower() and Rejection.from_code(reason.code) is reason
+
+
+def test_precedence_follows_design_partial_order() -> None:
+    order = ["unknown_account", "currency_mismatch", "unbalanced", "insufficient_funds", "account_closed",
+             "hold_not_open", "capture_exceeds_hold", "id_conflict"]
+    values = [Rejection.from_code(code) for code in order]
+    assert values == sorted(values)
