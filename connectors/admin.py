@@ -1,6 +1,7 @@
 """Topic administration: create the ledger's topics and check that they are co-partitioned."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
@@ -73,7 +74,27 @@ def create_topics(settings: Settings) -> list[TopicReport]:
                     raise
     after = describe(settings, admin)
     check_copartitioned(settings, after)
+    wait_for_leaders(settings, admin)
     return [TopicReport(settings.topic(n), after[n], n in missing) for n in TOPIC_NAMES]
+
+
+def wait_for_leaders(settings: Settings, admin: AdminClient, timeout_s: float = 30.0) -> None:
+    """Block until every partition of every ledger topic has a leader (new topics need a moment)."""
+    deadline = time.monotonic() + timeout_s
+    names = {settings.topic(n) for n in TOPIC_NAMES}
+    while True:
+        metadata = admin.list_topics(timeout=10)
+        leaderless = [
+            f"{name}[{p.id}]"
+            for name in names
+            for p in (metadata.topics[name].partitions.values() if name in metadata.topics else [])
+            if p.leader < 0 or p.error is not None
+        ]
+        if not leaderless and names <= set(metadata.topics):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"partitions without a leader after {timeout_s}s: {leaderless[:5]}")
+        time.sleep(0.1)
 
 
 def delete_topics(settings: Settings) -> None:

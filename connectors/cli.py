@@ -43,8 +43,18 @@ def worker(ctx: typer.Context) -> None:
     """Run a partition worker (extra arguments go to Faust's worker command)."""
     from streams.app import app as faust_app
 
-    sys.argv = ["ledger", "worker", "-l", "info", *ctx.args]
+    sys.argv = ["ledger", "worker", "-l", "info", "--without-web", *ctx.args]
     faust_app.main()
+
+
+@app.command()
+def verify() -> None:
+    """Check the oracles of DESIGN.md §2 over the topics (run it when the ledger is quiescent)."""
+    from projections.verify import format_report, verify as run_verify
+
+    report = run_verify(config.load())
+    typer.echo(format_report(report))
+    raise typer.Exit(0 if report.ok else 1)
 
 
 @app.command()

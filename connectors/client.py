@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from schemas.codec import codec
 from streams import routing
@@ -58,9 +58,18 @@ class LedgerClient:
         # Results of commands sent from now on: start every partition at its current end.
         assignment = []
         for p in range(self.settings.partitions):
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            assignment.append(TopicPartition(topic, p, high))
+            assignment.append(TopicPartition(topic, p, self._end_offset(topic, p)))
         self._consumer.assign(assignment)
+
+    def _end_offset(self, topic: str, partition: int, attempts: int = 50) -> int:
+        for attempt in range(attempts):
+            try:
+                return self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+            except KafkaException:  # leadership still settling on a new topic
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.1)
+        raise AssertionError("unreachable")
 
     # --- sending --------------------------------------------------------------------------------------------
     def send(self, command_id: str, body_name: str, body: dict[str, Any], routing_account: str) -> str:

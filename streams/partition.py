@@ -316,7 +316,8 @@ class PartitionProcessor:
     # Cross-partition follow-ups ----------------------------------------------------------------------------
     def _send_credit(self, tx: core.PostTransaction, index: int, leg: Leg, home: int, currency: str) -> None:
         """Money left this partition into clearing; the credit lands in the account's own partition."""
-        credit_id = f"{tx.transaction_id}~credit~{index}"
+        # Derived from the original command's scoped id: unique ledger-wide and the same on every redo.
+        credit_id = f"{tx.client_id}/{tx.command_id}~credit~{index}"
         debtor = next(l.account_id for l in tx.legs if l.amount < 0 and self._home(l.account_id) in (None, self.partition))
         credit = core.PostTransaction(
             command_id=credit_id, client_id=ENGINE_CLIENT, at_ms=tx.at_ms, transaction_id=credit_id,

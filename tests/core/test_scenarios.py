@@ -326,3 +326,50 @@ def test_precedence_follows_design_partial_order() -> None:
              "hold_not_open", "capture_exceeds_hold", "id_conflict"]
     values = [Rejection.from_code(code) for code in order]
     assert values == sorted(values)
+
+
+def test_replaying_events_rebuilds_identical_state() -> None:
+    """P7: apply() over the accepted events, in order, rebuilds the same records and history."""
+    from streams.core import MemoryState, apply
+
+    ledger = run(EXCHANGE + """
+hold buy1 buyer:USDT 30000 expires=999999 | ok
+tx fill1 buyer:USDT@buy1=-11980 seller:USDT=11980 seller:BTC=-0.2 buyer:BTC=0.2 kind=trade | ok
+freeze seller:USDT | ok
+release buy1 | ok
+""")
+    rebuilt = MemoryState()
+    for result in ledger.results:
+        if result.accepted and not result.duplicate:
+            rebuilt.commit(apply(rebuilt, result.events))
+    assert rebuilt.accounts == ledger.state.accounts
+    assert rebuilt.holds == ledger.state.holds
+    assert rebuilt.history == ledger.state.history
+
+
+def test_fingerprint_ignores_log_time_and_keys_are_scoped_by_client() -> None:
+    from streams.core import OpenAccount, PlaceHold, accounts_touched, routing_key_for
+
+    hold = PlaceHold(command_id="c1", client_id="a", at_ms=1, hold_id="h", account_id="user:7:USD", amount=5)
+    later = dataclasses.replace(hold, at_ms=2)
+    assert hold.fingerprint() == later.fingerprint() and len(hold.fingerprint()) == 64
+    assert hold.fingerprint() != dataclasses.replace(hold, amount=6).fingerprint()
+    assert hold.fingerprint() != dataclasses.replace(hold, client_id="b").fingerprint()
+    assert hold.key == ("a", "c1")
+    assert accounts_touched(hold) == ("user:7:USD",)
+    opened = OpenAccount(command_id="c2", client_id="a", at_ms=1, account_id="x", currency="USD")
+    assert accounts_touched(opened) == ("x",)
+    assert routing_key_for("user:42:USDT") == "user:42"
+    assert routing_key_for("world") == "world"
+    assert routing_key_for(":odd") == ":odd"
+
+
+def test_empty_ids_are_invalid_and_not_remembered() -> None:
+    from streams.core import MemoryState, ReleaseHold
+
+    state = MemoryState()
+    result, changes = execute(state, ReleaseHold(command_id="", client_id="a", at_ms=1, hold_id="h"))
+    assert result.reason is Rejection.INVALID_COMMAND and changes.is_empty
+    result, changes = execute(state, ReleaseHold(command_id="c", client_id="a", at_ms=1, hold_id="h"))
+    assert result.reason is Rejection.UNKNOWN_HOLD and changes.processed is not None
+    assert not changes.accounts and not changes.holds and not changes.history

@@ -255,8 +255,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self._send(OpenAccount(**self._next(), account_id=account_id, currency=currency,
                                policy=AccountPolicy(allow_negative=neg, overdraft_limit=overdraft)))
 
-    @rule(source=account_ids, dest=account_ids, amount=positive)
-    def transfer(self, source: str, dest: str, amount: int) -> None:
+    @rule(source=account_ids, dest=account_ids, amount=positive, edge=st.sampled_from([None, None, -1, 0, 1]))
+    def transfer(self, source: str, dest: str, amount: int, edge: int | None) -> None:
+        model = self.accounts.get(source)
+        if edge is not None and model is not None:  # aim at the floor: available + overdraft + edge
+            amount = max(1, model["posted"] - model["held"] + model["overdraft"] + edge)
         self._send(PostTransaction(**self._next(), transaction_id=f"t{self.counter + 1}",
                                    legs=(Leg(source, -amount), Leg(dest, amount))))
 
@@ -272,6 +275,9 @@ class LedgerMachine(RuleBasedStateMachine):
           expires=st.one_of(st.none(), st.integers(-100, 5_000)))
     def place_hold(self, reuse: bool, pick: int, account_id: str, amount: int, expires: int | None) -> None:
         hold_id = self._some_hold(pick) if reuse else f"h{self.counter + 1}"
+        model = self.accounts.get(account_id)
+        if model is not None and pick % 4 == 0:  # aim at available + overdraft, -1 / 0 / +1
+            amount = max(1, model["posted"] - model["held"] + model["overdraft"] + pick % 3 - 1)
         self._send(PlaceHold(**self._next(), hold_id=hold_id, account_id=account_id, amount=amount,
                              expires_at_ms=None if expires is None else self.clock + expires))
 
@@ -280,6 +286,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def capture(self, pick: int, dest: str, amount: int, split: bool, wrong_account: int) -> None:
         hold_id = self._some_hold(pick)
         hold = self.state.holds.get(hold_id)
+        if hold is not None and wrong_account in (1, 2, 3):  # aim at the hold's remaining: -1, 0, +1
+            amount = max(1, hold.remaining + wrong_account - 2)
         wrong_account = wrong_account == 0
         source = "u1:USD" if hold is None or wrong_account else hold.account_id
         if split and amount > 1:
