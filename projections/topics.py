@@ -25,32 +25,40 @@ class TopicRecord:
 
 
 def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[TopicRecord]:
-    """Every record of a ledger topic, partition by partition, up to the end offsets seen at the start."""
+    """Every record of a ledger topic up to the end offsets seen at the start (in order within a partition)."""
     consumer = Consumer({**settings.kafka_config(), "group.id": f"reader-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     topic = settings.topic(name)
     schema = SCHEMA_OF_TOPIC[name]
     c = codec()
     try:
+        ends: dict[int, int] = {}
+        assignment = []
         for partition in range(settings.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-            position = low
-            while position < high:
-                for msg in consumer.consume(5000, timeout=0.2):
-                    if msg.error():
-                        continue
-                    position = msg.offset() + 1
-                    value = None
-                    if decode:
-                        try:
-                            value = c.decode(schema, msg.value())
-                        except DecodeError:
-                            value = None
-                    yield TopicRecord(partition, msg.offset(), msg.timestamp()[1], msg.key(), msg.value(), value)
-                    if position >= high:
-                        break
+            if high > low:
+                ends[partition] = high
+                assignment.append(TopicPartition(topic, partition, OFFSET_BEGINNING))
+        if not assignment:
+            return
+        # All partitions at once: one fetch session instead of one round trip per partition.
+        consumer.assign(assignment)
+        while ends:
+            for msg in consumer.consume(10000, timeout=0.2):
+                if msg.error():
+                    continue
+                partition = msg.partition()
+                end = ends.get(partition)
+                if end is None or msg.offset() >= end:
+                    continue
+                value = None
+                if decode:
+                    try:
+                        value = c.decode(schema, msg.value())
+                    except DecodeError:
+                        value = None
+                yield TopicRecord(partition, msg.offset(), msg.timestamp()[1], msg.key(), msg.value(), value)
+                if msg.offset() + 1 >= end:
+                    del ends[partition]
     finally:
         consumer.close()
