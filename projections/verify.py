@@ -7,7 +7,10 @@ Re-emitted records (a command redone after a crash) are recognised by their ids 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+import time
 from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, TopicPartition
 
 from projections.topics import TopicRecord, read_topic
 from streams import routing
@@ -35,6 +38,32 @@ class Report:
 def _body(record: TopicRecord) -> tuple[str, dict]:
     name, body = record.value["body"]
     return name.rsplit(".", 1)[-1], body
+
+
+def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float = 1.5) -> bool:
+    """Wait until the workers have committed every command, follow-ups included, and nothing moves.
+
+    Quiescent = the worker group's committed offset equals the end of every commands partition, twice in
+    a row settle_s apart (a follow-up command produced meanwhile moves an end and restarts the wait).
+    """
+    group = f"{settings.prefix}workers"
+    consumer = Consumer({**settings.kafka_config(), "group.id": group, "enable.auto.commit": False})
+    topic = settings.topic("commands")
+    partitions = [TopicPartition(topic, p) for p in range(settings.partitions)]
+    deadline = time.monotonic() + timeout_s
+    previous = None
+    try:
+        while time.monotonic() < deadline:
+            ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
+            committed = [max(tp.offset, 0) for tp in consumer.committed(partitions, timeout=10)]
+            state = (ends, committed)
+            if ends == committed and state == previous:
+                return True
+            previous = state if ends == committed else None
+            time.sleep(settle_s)
+        return False
+    finally:
+        consumer.close()
 
 
 def verify(settings: Settings) -> Report:

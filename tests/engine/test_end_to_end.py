@@ -4,7 +4,7 @@ from __future__ import annotations
 from connectors.client import LedgerClient, Leg
 from connectors.demo import EXPECTED, final_balances, run_example
 from projections.topics import read_topic
-from projections.verify import format_report, verify
+from projections.verify import format_report, verify, wait_quiescent
 from streams import routing
 
 
@@ -26,7 +26,8 @@ def test_open_deposit_and_transfer(settings, start_worker):
     results = client.wait(ids)
     assert [results[i]["outcome"] for i in ids] == ["accepted"] * 4
     assert results["tr-1"]["transaction_id"] == "tr-1"
-    report = verify(settings)  # also waits for nothing: results come after history and balances
+    assert wait_quiescent(settings)
+    report = verify(settings)
     balances = latest_balances(settings)
     assert balances["user:alice:USD"]["posted"] == "7500"
     assert balances["user:bob:USD"]["posted"] == "2500"
@@ -43,6 +44,7 @@ def test_worked_example_of_the_design(settings, start_worker):
     results = run_example(client)
     assert all(r["outcome"] == "accepted" for r in results), results
     assert final_balances(settings, list(EXPECTED)) == EXPECTED
+    assert wait_quiescent(settings)
     report = verify(settings)
     assert report.ok, format_report(report)
     assert report.sums == {"USDT": 0, "BTC": 0}
@@ -61,6 +63,7 @@ def test_rejections_are_values_with_reasons(settings, start_worker):
     assert results["over"]["reason"] == "insufficient_funds"
     assert results["unbal"]["reason"] == "unbalanced"
     assert results["open:user:dave:XYZ"]["reason"] == "unknown_currency"
+    assert wait_quiescent(settings)
     report = verify(settings)
     assert report.ok, format_report(report)
     client.close()
@@ -82,6 +85,7 @@ def test_credit_to_an_unknown_account_in_another_partition_comes_back(settings, 
             break
         import time; time.sleep(0.1)
     assert deadline_balance["posted"] == "500", "the failed credit's money did not come back"
+    assert wait_quiescent(settings)
     report = verify(settings)
     assert report.ok, format_report(report)  # includes: nothing left in clearing
     client.close()

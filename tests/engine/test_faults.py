@@ -1,0 +1,182 @@
+"""Fault injection against the real broker: duplicates, poison, kill -9, two workers, a paused zombie.
+
+After each, the oracles of DESIGN.md §2 (projections.verify) must hold over everything published.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from confluent_kafka import Producer
+
+from connectors.client import LedgerClient, Leg
+from connectors.loadgen import LoadGenerator, Mix
+from projections.topics import read_topic
+from projections.verify import format_report, verify, wait_quiescent
+from schemas.codec import codec
+from streams import routing
+
+
+def assert_books_ok(settings):
+    assert wait_quiescent(settings), "the workers did not catch up with the commands topic"
+    report = verify(settings)
+    assert report.ok, format_report(report)
+    return report
+
+
+def pump(client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str]) -> threading.Thread:
+    """Send `count` commands at about `per_second` in a background thread, recording their ids."""
+    def run():
+        for i in range(count):
+            sent.append(gen.next_command())
+            if i % 20 == 19:
+                client._producer.poll(0)
+                time.sleep(20 / per_second)
+        client.flush()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_duplicates_and_conflicts_across_a_restart(settings, start_worker):
+    worker = start_worker()
+    client = LedgerClient(settings, "dup")
+    client.wait([client.open_account("user:eve:USD", "USD")])
+    deposit = [Leg("sys:world:USD", -1_000), Leg("user:eve:USD", 1_000)]
+    for _ in range(3):
+        client.post("dep-1", deposit, kind="deposit")
+    first = client.result("dep-1")
+    assert first["outcome"] == "accepted" and not first["duplicate"]
+    worker.stop()
+    worker.start()
+    client.post("dep-1", deposit, kind="deposit")  # a retry after the restart
+    client.post("dep-1", [Leg("sys:world:USD", -9_999), Leg("user:eve:USD", 9_999)], kind="deposit")  # conflict
+    client.flush()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        answers = [r.value for r in read_topic(settings, "results") if r.value["command_id"] == "dep-1"]
+        if len(answers) >= 5:
+            break
+        time.sleep(0.2)
+    assert [(a["outcome"], a["duplicate"], a["reason"]) for a in answers] == [
+        ("accepted", False, None), ("accepted", True, None), ("accepted", True, None),
+        ("accepted", True, None), ("rejected", False, "id_conflict")]
+    # A duplicate answer is the original one, flagged.
+    assert {**answers[1], "duplicate": False} == answers[0]
+    report = assert_books_ok(settings)
+    eve = [r.value for r in read_topic(settings, "history") if r.value["account_id"] == "user:eve:USD"]
+    assert [h["amount"] for h in eve] == ["0", "1000"], "the deposit took effect more than once"
+    assert report.counts["dead_letters"] == 0
+    client.close()
+
+
+def test_poison_and_invalid_commands_do_not_stop_the_partition(settings, start_worker):
+    worker = start_worker()
+    client = LedgerClient(settings, "poison")
+    c = codec()
+    client.wait([client.open_account("user:fred:USD", "USD")])
+    key = "user:fred:USD"
+    wrong_schema = c.encode("balance", {"account_id": "x", "currency": "USD", "status": "open", "posted": "1",
+                                        "held": "0", "available": "1", "seq": 1, "last_transaction_id": None,
+                                        "updated_at_ms": 0})
+    good = c.encode("command", {"command_id": "ok-1", "client_id": "poison", "body": ("ledger.PostTransaction", {
+        "transaction_id": "ok-1", "legs": [{"account_id": "sys:world:USD", "amount": "-5", "hold_id": None,
+                                            "currency": None},
+                                           {"account_id": key, "amount": "5", "hold_id": None, "currency": None}],
+        "kind": "deposit", "reference": None, "links": [], "metadata": {}, "occurred_at_ms": None,
+        "rate_snapshot_id": None})})
+    poison = [b"not avro at all", b"\xc3\x01" + b"\xff" * 8 + b"junk", good[:-4], good + b"\x00\x01", wrong_schema]
+    for value in poison:
+        client.send_raw(value, key)
+    # Decodable but invalid: amounts that are not integers of minor units.
+    for command_id, amount in [("bad-1", "-x"), ("bad-2", "1.5"), ("bad-3", "")]:
+        client.send_raw(c.encode("command", {"command_id": command_id, "client_id": "poison", "body": (
+            "ledger.PlaceHold", {"hold_id": command_id, "account_id": key, "amount": amount,
+                                 "expires_at_ms": None})}), key)
+    client.send_raw(good, key)
+    # An empty value (a tombstone) must be a dead letter too.
+    tombstone = Producer(settings.kafka_config())
+    tombstone.produce(settings.topic("commands"), None, key.encode(), partition=routing.partition_for_key("user:fred", 8))
+    tombstone.flush(10)
+    results = client.wait(["ok-1", "bad-1", "bad-2", "bad-3"])
+    assert results["ok-1"]["outcome"] == "accepted"
+    assert [results[f"bad-{i}"]["reason"] for i in (1, 2, 3)] == ["invalid_amount"] * 3
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        dead = [r.value for r in read_topic(settings, "dlq")]
+        if len(dead) >= 6:
+            break
+        time.sleep(0.2)
+    reasons = sorted(d["reason"] for d in dead)
+    assert reasons == sorted(["not_avro", "unknown_schema", "corrupt", "corrupt", "wrong_schema", "empty"])
+    assert {bytes(d["value"]) for d in dead if d["value"]} >= set(poison), "dead letters keep the original bytes"
+    assert_books_ok(settings)
+    assert worker.alive and not worker.crashed(), worker.tail()
+    client.close()
+
+
+def _kill_loop(settings, start_worker, tmp_path, kills: int, fresh_every: int):
+    worker = start_worker()
+    client = LedgerClient(settings, "soak")
+    gen = LoadGenerator(client, seed=11, mix=Mix(users=60), run_id="k")
+    opened = gen.open_accounts()
+    client.wait(opened, 60)
+    sent: list[str] = []
+    thread = pump(client, gen, count=kills * 300, per_second=400, sent=sent)
+    for i in range(kills):
+        time.sleep(0.6 + (i % 3) * 0.35)
+        worker.kill9()
+        if fresh_every and i % fresh_every == fresh_every - 1:
+            import shutil
+            shutil.rmtree(worker.data_dir / "p0", ignore_errors=True)  # lose local state: restore from changelog
+            for p in worker.data_dir.glob("p*"):
+                shutil.rmtree(p, ignore_errors=True)
+        worker.start()
+    thread.join(120)
+    client.wait(sent, 180)
+    report = assert_books_ok(settings)
+    assert report.counts["commands.from_clients"] == len(sent) + len(opened)
+    client.close()
+    return report
+
+
+def test_kill_minus_nine_ten_times_mid_stream(settings, start_worker, tmp_path):
+    report = _kill_loop(settings, start_worker, tmp_path, kills=10, fresh_every=4)
+    assert report.counts["transactions"] > 100
+
+
+def test_two_workers_share_partitions_with_cross_partition_transfers(settings, start_worker):
+    w1 = start_worker("w1")
+    w2 = start_worker("w2")
+    client = LedgerClient(settings, "pair")
+    gen = LoadGenerator(client, seed=5, mix=Mix(users=80), run_id="p")
+    client.wait(gen.open_accounts(), 60)
+    ids = list(gen.commands(1500))
+    client.wait(ids, 120)
+    report = assert_books_ok(settings)
+    assert report.counts["commands"] > report.counts["commands.from_clients"], "no cross-partition credits ran"
+    for w in (w1, w2):
+        assert w.alive and not w.crashed(), w.tail()
+    logs = w1.log_path.read_text() + w2.log_path.read_text()
+    assert "restored" in logs
+    client.close()
+
+
+def test_a_paused_worker_that_wakes_up_after_losing_its_partitions_does_no_harm(settings, start_worker):
+    zombie = start_worker("zombie", session_timeout_s=6.0)
+    survivor = start_worker("survivor", session_timeout_s=6.0)
+    client = LedgerClient(settings, "zombie")
+    gen = LoadGenerator(client, seed=3, mix=Mix(users=60), run_id="z")
+    client.wait(gen.open_accounts(), 60)
+    sent: list[str] = []
+    thread = pump(client, gen, count=3000, per_second=300, sent=sent)
+    time.sleep(1.5)
+    zombie.pause()  # SIGSTOP: no heartbeats; the group moves its partitions to the survivor
+    time.sleep(14)  # past the 6 s session timeout and the rebalance that follows
+    zombie.resume()  # it wakes up with a batch in hand, still believing it owns its partitions
+    thread.join(120)
+    client.wait(sent, 180)
+    time.sleep(2)
+    assert_books_ok(settings)
+    assert survivor.alive and not survivor.crashed(), survivor.tail()
+    client.close()
