@@ -58,6 +58,39 @@ def verify() -> None:
 
 
 @app.command()
+def loadgen(
+    rate: float = typer.Option(200.0, help="Commands per second."),
+    count: int = typer.Option(0, help="Commands to send; 0 = until interrupted."),
+    users: int = typer.Option(200, help="Number of users (one USD account each)."),
+    seed: int = typer.Option(7, help="Random seed: the same seed sends the same commands."),
+) -> None:
+    """Send a realistic, seedable mix of commands (deposits, transfers, holds, captures, invalid ones)."""
+    import time
+
+    from connectors.client import LedgerClient
+    from connectors.loadgen import LoadGenerator, Mix
+
+    client = LedgerClient(config.load(), "loadgen")
+    gen = LoadGenerator(client, seed=seed, mix=Mix(users=users), run_id=f"s{seed}")
+    client.wait(gen.open_accounts(), 120)
+    sent, start = 0, time.monotonic()
+    try:
+        while count == 0 or sent < count:
+            gen.next_command()
+            sent += 1
+            ahead = sent / rate - (time.monotonic() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+            if sent % 1000 == 0:
+                typer.echo(f"loadgen: {sent} commands sent ({sent / (time.monotonic() - start):.0f}/s)")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.close()
+        typer.echo(f"loadgen: {sent} commands in {time.monotonic() - start:.1f} s")
+
+
+@app.command()
 def demo() -> None:
     """Run DESIGN.md §8's worked example through the broker and print the final balances."""
     from connectors.demo import run_demo
