@@ -123,15 +123,17 @@ class PartitionState:
         raw = self._get(_inbox_key(client_id, command_id))
         return None if raw is None else codec().decode("state", raw)
 
-    def stage(self, change: dict[str, Any], encoded: bytes) -> None:
-        """Stage every write of one StateChange record (also used, unchanged, by restore)."""
+    def stage(self, change: dict[str, Any], encoded: bytes, accounts: list[Account] | None = None,
+              holds: list[Hold] | None = None) -> None:
+        """Stage every write of one StateChange record (restore passes only the record; the live path also
+        passes the decoded accounts and holds it already has, in the record's order)."""
         puts = self._puts
-        for record in change["accounts"]:
-            account = account_from_record(record)
+        for i, record in enumerate(change["accounts"]):
+            account = accounts[i] if accounts is not None else account_from_record(record)
             self._accounts[account.id] = account
             puts[b"a/" + account.id.encode()] = _dumps(record)
-        for record in change["holds"]:
-            hold = hold_from_record(record)
+        for i, record in enumerate(change["holds"]):
+            hold = holds[i] if holds is not None else hold_from_record(record)
             self._holds[hold.id] = hold
             puts[b"h/" + hold.id.encode()] = _dumps(record)
             if hold.expires_at_ms is not None:
@@ -182,6 +184,7 @@ class PartitionProcessor:
         self.outputs: list[Output] = []
         self.changelog: list[bytes] = []  # encoded StateChange records of the batch, in order
         self._codec = codec()
+        self._homes: dict[str, int | None] = {}
 
     # One record ------------------------------------------------------------------------------------------
     def handle(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None) -> None:
@@ -231,9 +234,14 @@ class PartitionProcessor:
     # Routing -----------------------------------------------------------------------------------------------
     def _home(self, account_id: str) -> int | None:
         """The partition of an ordinary account; None for a system account (it has a shard everywhere)."""
-        if routing.is_system(account_id):
-            return None
-        return routing.partition_of_account(account_id, self.partitions)
+        try:
+            return self._homes[account_id]
+        except KeyError:
+            home = None if routing.is_system(account_id) else routing.partition_of_account(account_id, self.partitions)
+            if len(self._homes) > 100_000:  # bounded: a cache, not a registry
+                self._homes.clear()
+            self._homes[account_id] = home
+            return home
 
     def _local(self, account_id: str) -> str:
         return routing.shard_of(account_id, self.partition) if routing.is_system(account_id) else account_id
@@ -277,7 +285,7 @@ class PartitionProcessor:
                 if routing.SHARD_MARK in leg.account_id and routing.is_system(leg.account_id):
                     self._reject_command(tx, Rejection.INVALID_COMMAND, "shard ids (sys:...@n) are internal")
                     return
-                legs.append(replace(leg, account_id=self._local(leg.account_id)))
+                legs.append(replace(leg, account_id=self._local(leg.account_id)) if home is None else leg)
                 continue
             currency = leg.currency or routing.system_currency(leg.account_id)
             if leg.hold_id is not None or self.currencies.get(currency) is None:
@@ -365,6 +373,7 @@ class PartitionProcessor:
         transaction_id = command.transaction_id if isinstance(command, core.PostTransaction) and \
             result.outcome == "accepted" else None
         holds = list(changes.holds.values())
+        accounts = list(changes.accounts.values())
         wire_result = result_to_wire(result, command.at_ms, transaction_id, holds)
         encoded_result = self._codec.encode("result", wire_result)
         change = {
@@ -373,12 +382,12 @@ class PartitionProcessor:
             "fingerprint": fingerprint,
             "source_partition": self.partition,
             "source_offset": offset,
-            "accounts": [account_to_record(a) for a in changes.accounts.values()],
+            "accounts": [account_to_record(a) for a in accounts],
             "holds": [hold_to_record(h) for h in holds],
             "result": encoded_result,
         }
         encoded_change = self._codec.encode("state", change)
-        self.state.stage(change, encoded_change)
+        self.state.stage(change, encoded_change, accounts, holds)
         self.changelog.append(encoded_change)
         # Outputs: the result, one history entry per change, the new balance of each changed account.
         at = command.at_ms
