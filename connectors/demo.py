@@ -52,17 +52,16 @@ def run_example(client: LedgerClient, timeout_s: float = 60.0) -> list[dict]:
         # Limit bid 0.5 BTC @ 60,000 USDT; resting ask 0.2 BTC.
         lambda: client.place_hold("order:bid-1", BUYER_USDT, 30_000 * USDT),
         lambda: client.place_hold("order:ask-1", SELLER_BTC, 20_000_000),
-        # The fill at 59,900: one transaction per side, each captured from that side's hold.
-        lambda: client.post("fill-1:quote", [
+        # The fill at 59,900: one transaction capturing from both holds. The buyer and the seller live in
+        # different partitions, so it is reserved in both before any leg posts (streams/spanning.py).
+        lambda: client.post("fill-1", [
             Leg(BUYER_USDT, -11_980 * USDT, hold_id="order:bid-1"),
             Leg(SELLER_USDT, 11_968_020_000, currency="USDT"),
             Leg("sys:fees:USDT", 11_980_000),
-        ], kind="trade", reference="fill-1"),
-        lambda: client.post("fill-1:base", [
             Leg(SELLER_BTC, -20_000_000, hold_id="order:ask-1"),
             Leg(BUYER_BTC, 19_980_000, currency="BTC"),
             Leg("sys:fees:BTC", 20_000),
-        ], kind="trade", reference="fill-1"),
+        ], kind="trade", reference="order:bid-1"),
         # The buyer cancels the rest of the order: the remaining 18,020 USDT comes back.
         lambda: client.release_hold("order:bid-1", BUYER_USDT),
     ]

@@ -23,6 +23,9 @@ class Mix:
     hold_cycle: float = 0.15
     withdrawal: float = 0.1
     invalid: float = 0.05
+    # Debits from two users (usually two partitions) into a third: reserved in both, then committed;
+    # amounts are large enough that some fail, which must leave no trace (P6).
+    multi_debit: float = 0.05
     # The rest: a capture/release of an earlier hold, or another transfer.
 
 

@@ -16,7 +16,9 @@ from typing import Any
 
 from schemas.codec import DecodeError, codec
 from streams import core, routing
+from streams.routing import ENGINE_CLIENT
 from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rejection, Result
+from streams.spanning import SPANNING_KINDS, Spanning
 from streams.store import KeyValueStore
 from streams.wire import (
     WireError,
@@ -32,8 +34,6 @@ from streams.wire import (
     result_to_wire,
 )
 
-# client_id of the commands the engine issues itself (expiries, shard opening, cross-partition credits).
-ENGINE_CLIENT = "ledger"
 # Metadata of a cross-partition credit: where the money goes back if the credit cannot apply.
 RETURN_TO = "ledger.return_to"
 RETURN_PARTITION = "ledger.return_partition"
@@ -145,8 +145,21 @@ class PartitionState:
                 else:
                     puts.pop(key, None)
                     self._deletes.add(key)
+        for record in change.get("records", ()):
+            key = b"e/" + record["key"].encode()
+            if record["value"] is None:
+                puts.pop(key, None)
+                self._deletes.add(key)
+            else:
+                puts[key] = record["value"]
+                self._deletes.discard(key)
         key = _inbox_key(change["client_id"], change["command_id"])
         puts[key] = encoded
+
+    def record(self, key: str) -> Any:
+        """An engine record (multi-partition transaction state, hold locks), or None."""
+        raw = self._get(b"e/" + key.encode())
+        return None if raw is None else json.loads(raw)
 
     @property
     def has_staged(self) -> bool:
@@ -185,6 +198,7 @@ class PartitionProcessor:
         self.changelog: list[bytes] = []  # encoded StateChange records of the batch, in order
         self._codec = codec()
         self._homes: dict[str, int | None] = {}
+        self.spanning = Spanning(self)
 
     # One record ------------------------------------------------------------------------------------------
     def handle(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None) -> None:
@@ -194,6 +208,14 @@ class PartitionProcessor:
             self._dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
             return
         client_id, command_id = record["client_id"], record["command_id"]
+        kind = record["body"][0].rsplit(".", 1)[-1]
+        if kind in SPANNING_KINDS:
+            if client_id != ENGINE_CLIENT:
+                self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
+                             f"{kind} is issued by the ledger itself")
+                return
+            self.spanning.handle(kind, record, offset, timestamp_ms)
+            return
         try:
             command = command_from_wire(record, timestamp_ms)
         except WireError as exc:
@@ -205,6 +227,10 @@ class PartitionProcessor:
         if self._answer_if_seen(command):
             return
         self._expire_due(offset, timestamp_ms)
+        refusal = self.spanning.refusal(command)
+        if refusal is not None:
+            self._reject_command(command, *refusal)
+            return
         self._route_and_execute(command, offset)
 
     def _answer_if_seen(self, command: core.Command) -> bool:
@@ -228,6 +254,8 @@ class PartitionProcessor:
             hold = self.state.hold(hold_id)
             if hold is None or hold.status is not HoldStatus.OPEN:
                 continue  # ended since it was indexed
+            if self.spanning.locked(hold_id):
+                continue  # reserved by a transaction in flight; re-indexed when it is decided
             self._execute(core.ExpireHold(command_id=f"expire:{hold_id}", client_id=ENGINE_CLIENT,
                                           at_ms=now_ms, hold_id=hold_id), offset)
 
@@ -269,13 +297,16 @@ class PartitionProcessor:
 
     def _transaction(self, tx: core.PostTransaction, offset: int) -> None:
         debit_homes = {self._home(leg.account_id) for leg in tx.legs if leg.amount < 0} - {None}
-        if debit_homes and self.partition not in debit_homes:
-            if len(debit_homes) == 1:
-                self._forward(tx, debit_homes.pop())
-                return
         if len(debit_homes) > 1:
-            self._reject_command(tx, Rejection.INVALID_COMMAND,
-                                 "debit legs in more than one partition are not supported yet")
+            coordinator = self._home(next(l.account_id for l in tx.legs
+                                          if l.amount < 0 and self._home(l.account_id) is not None))
+            if coordinator != self.partition:
+                self._forward(tx, coordinator)
+            else:
+                self.spanning.begin(tx, offset)
+            return
+        if debit_homes and self.partition not in debit_homes:
+            self._forward(tx, debit_homes.pop())
             return
         legs: list[Leg] = []
         remote: list[tuple[Leg, int, str]] = []  # (leg, its partition, currency)
@@ -350,12 +381,16 @@ class PartitionProcessor:
 
     def _forward(self, command: core.Command, home: int) -> None:
         """A command sent to the wrong partition goes, unchanged, to the one that owns its account."""
-        self._send_command(command, routing.routing_key_for(getattr(command, "account_id", "")
-                                                            or next(l.account_id for l in command.legs if l.amount < 0)), home)
+        account = getattr(command, "account_id", None) or next(
+            l.account_id for l in command.legs if l.amount < 0 and self._home(l.account_id) == home)
+        self._send_command(command, routing.routing_key_for(account), home)
 
     def _send_command(self, command: core.Command, key: str, partition: int) -> None:
-        value = self._codec.encode("command", command_to_wire(command))
-        self.outputs.append(Output("commands", key.encode(), value, partition, command.at_ms))
+        self.send_wire(command_to_wire(command), key, partition, command.at_ms)
+
+    def send_wire(self, record: dict[str, Any], key: str, partition: int, at_ms: int) -> None:
+        """A command to a partition, stamped with the log time of the command that caused it (P7)."""
+        self.outputs.append(Output("commands", key.encode(), self._codec.encode("command", record), partition, at_ms))
 
     # Execution and outputs ---------------------------------------------------------------------------------
     def _execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None) -> Result:
@@ -369,36 +404,44 @@ class PartitionProcessor:
         return result
 
     def _record(self, command: core.Command, result: Result, changes: Changes, offset: int,
-                fingerprint: str) -> None:
+                fingerprint: str, records: list[tuple[str, Any]] = ()) -> None:
         transaction_id = command.transaction_id if isinstance(command, core.PostTransaction) and \
             result.outcome == "accepted" else None
         holds = list(changes.holds.values())
-        accounts = list(changes.accounts.values())
         wire_result = result_to_wire(result, command.at_ms, transaction_id, holds)
+        self.commit_change(command.client_id, command.command_id, fingerprint, offset, wire_result,
+                           list(changes.accounts.values()), holds, changes.history, records)
+
+    def commit_change(self, client_id: str, command_id: str, fingerprint: str, offset: int,
+                      wire_result: dict[str, Any], accounts: list[Account] = (), holds: list[Hold] = (),
+                      history: tuple = (), records: list[tuple[str, Any]] = ()) -> None:
+        """Stage one decided command (its StateChange) and queue its outputs: the result, one history entry
+        per change, the new balance of each changed account. records: engine records (key, JSON value or
+        None to delete) written in the same StateChange."""
         encoded_result = self._codec.encode("result", wire_result)
         change = {
-            "client_id": command.client_id,
-            "command_id": command.command_id,
+            "client_id": client_id,
+            "command_id": command_id,
             "fingerprint": fingerprint,
             "source_partition": self.partition,
             "source_offset": offset,
             "accounts": [account_to_record(a) for a in accounts],
             "holds": [hold_to_record(h) for h in holds],
             "result": encoded_result,
+            "records": [{"key": k, "value": None if v is None else _dumps(v)} for k, v in records],
         }
         encoded_change = self._codec.encode("state", change)
         self.state.stage(change, encoded_change, accounts, holds)
         self.changelog.append(encoded_change)
-        # Outputs: the result, one history entry per change, the new balance of each changed account.
-        at = command.at_ms
-        self.outputs.append(Output("results", f"{command.client_id}/{command.command_id}".encode(),
-                                   encoded_result, self.partition, at))
-        for entry in changes.history:
-            currency = changes.accounts[entry.account_id].currency
-            value = self._codec.encode("history", history_to_wire(entry, currency, command.command_id,
-                                                                  command.client_id))
+        at = wire_result["at_ms"]
+        self.outputs.append(Output("results", f"{client_id}/{command_id}".encode(), encoded_result,
+                                   self.partition, at))
+        currency = {a.id: a.currency for a in accounts}
+        for entry in history:
+            value = self._codec.encode("history", history_to_wire(entry, currency[entry.account_id], command_id,
+                                                                  client_id))
             self.outputs.append(Output("history", entry.account_id.encode(), value, self.partition, at))
-        for account in changes.accounts.values():
+        for account in accounts:
             self.outputs.append(Output("balances", account.id.encode(),
                                        self._codec.encode("balance", balance_to_wire(account)), self.partition, at))
 

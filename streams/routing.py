@@ -11,6 +11,8 @@ only touches the user's partition; readers report a system account as the sum of
 from __future__ import annotations
 
 SYSTEM_PREFIX = "sys:"
+# client_id of the commands the ledger issues itself (expiries, shard opening, cross-partition steps).
+ENGINE_CLIENT = "ledger"
 SHARD_MARK = "@"
 
 

@@ -65,6 +65,9 @@ class Rejection(enum.IntEnum):
     CAPTURE_EXCEEDS_HOLD = 21
     # The command id (scoped by client id) was already used with a different payload; nothing changes.
     ID_CONFLICT = 22
+    # Checked by the engine, not the core: the hold or account is reserved by a transaction whose debits span
+    # several partitions and which is still being decided (release, freeze or close it after; retry).
+    IN_FLIGHT = 23
 
     @property
     def code(self) -> str:

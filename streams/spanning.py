@@ -1,0 +1,342 @@
+"""Transactions whose debits live in several partitions: reserve everywhere, then commit or release.
+
+The coordinator is the partition of the first debit leg's ordinary account; the participants are the
+partitions that hold debit legs (the coordinator may be one). Every step is a command on the commands
+topic with a deterministic id derived from the transaction's key T = ``client_id/command_id``, and every
+step's state is an engine record written in the same StateChange as its effects, so a crash or redelivery
+anywhere repeats a step harmlessly (the inbox answers it) and in-flight state is durable and visible.
+
+1. begin (coordinator): record ``c/T`` (transaction, participants, votes) and send Reserve to each.
+2. Reserve (participant): for each account with plain debits, an internal hold ``~T~<account>`` of their
+   sum (a core PlaceHold: every funds, status and overdraft rule applies); for each debit that captures a
+   client hold, a lock on that amount of the hold (open, not expired, enough unlocked remainder). All or
+   nothing: on a failure the internal holds already placed are released. Record ``r/T``; Vote back.
+3. Vote (coordinator): when every vote is in and all reserved, post the transaction's credit side under
+   its own id (clearing -> credit legs; credits in other partitions through clearing follow-ups); its
+   result is the transaction's result. Then Decide(commit) to every participant, or Decide(abort) when a
+   vote failed (the result names the failure with the highest precedence) or the credits were refused.
+4. Decide (participant): commit = one transaction ``T~commit~<p>`` capturing the internal holds and the
+   locked amounts into the local clearing shard, judged at the reservation's time (a lock keeps the hold
+   from expiring meanwhile); abort = release the internal holds. Locks are dropped either way.
+
+Until step 4 the money stays where it was, reserved: no leg of the transaction posts anywhere unless every
+partition has reserved its debits (P6), and clearing sums to zero once every step has run.
+While a hold is locked it cannot be released or expired, and captures may only take its unlocked rest;
+an account with reservations cannot be frozen or closed (``in_flight``: retry after the decision).
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections import defaultdict
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from streams import core, routing
+from streams.core import HoldStatus, Leg, Rejection
+from streams.routing import ENGINE_CLIENT
+from streams.wire import command_from_wire, command_to_wire, rejection_to_wire
+
+if TYPE_CHECKING:
+    from streams.partition import PartitionProcessor
+
+SPANNING_KINDS = frozenset({"Reserve", "Vote", "Decide"})
+INTERNAL_HOLD_MARK = "~"
+
+
+def _accepted(command_id: str, at_ms: int, detail: str = "") -> dict[str, Any]:
+    return {"command_id": command_id, "client_id": ENGINE_CLIENT, "outcome": "accepted", "reason": None,
+            "detail": detail, "duplicate": False, "transaction_id": None, "at_ms": at_ms, "holds": []}
+
+
+class Spanning:
+    def __init__(self, proc: "PartitionProcessor"):
+        self.proc = proc
+
+    @property
+    def state(self):
+        return self.proc.state
+
+    # --- guards on clients' commands -------------------------------------------------------------------------
+    def locked_amount(self, hold_id: str) -> int:
+        locks = self.state.record(f"l/{hold_id}") or {}
+        return sum(locks.values())
+
+    def locked(self, hold_id: str) -> bool:
+        return bool(self.state.record(f"l/{hold_id}"))
+
+    def refusal(self, command: core.Command) -> tuple[Rejection, str] | None:
+        """Why a client's command may not run while transactions are in flight (None: it may)."""
+        if command.client_id == ENGINE_CLIENT:
+            return None
+        if isinstance(command, core.PostTransaction):
+            drawn: dict[str, int] = defaultdict(int)
+            for leg in command.legs:
+                if leg.hold_id is not None:
+                    if leg.hold_id.startswith(INTERNAL_HOLD_MARK):
+                        return Rejection.INVALID_COMMAND, f"hold {leg.hold_id} is internal to the ledger"
+                    drawn[leg.hold_id] -= leg.amount
+            for hold_id, amount in drawn.items():
+                locked = self.locked_amount(hold_id)
+                hold = self.state.hold(hold_id)
+                if locked and hold is not None and amount > hold.remaining - locked:
+                    return (Rejection.CAPTURE_EXCEEDS_HOLD,
+                            f"hold {hold_id}: {hold.remaining - locked} unreserved, {amount} asked")
+        elif isinstance(command, (core.ReleaseHold, core.ExpireHold)):
+            if command.hold_id.startswith(INTERNAL_HOLD_MARK):
+                return Rejection.INVALID_COMMAND, f"hold {command.hold_id} is internal to the ledger"
+            if self.locked(command.hold_id):
+                return Rejection.IN_FLIGHT, f"hold {command.hold_id} is reserved by a transaction in flight"
+        elif isinstance(command, (core.FreezeAccount, core.CloseAccount)):
+            if self.state.record(f"k/{command.account_id}"):
+                return Rejection.IN_FLIGHT, f"account {command.account_id} has reservations in flight"
+        return None
+
+    # --- step 1: the coordinator begins --------------------------------------------------------------------
+    def begin(self, tx: core.PostTransaction, offset: int) -> None:
+        proc = self.proc
+        key = f"{tx.client_id}/{tx.command_id}"
+        pending = self.state.record(f"c/{key}")
+        if pending is not None:  # a retry while in flight: answered when decided
+            pending["retries"] += 1
+            proc.commit_change(ENGINE_CLIENT, f"{key}~retry~{offset}", "", offset,
+                               _accepted(f"{key}~retry~{offset}", tx.at_ms, "answered when decided"),
+                               records=[(f"c/{key}", pending)])
+            return
+        for leg in tx.legs:
+            home = proc._home(leg.account_id)
+            if leg.amount > 0 and home is not None and home != proc.partition and self._currency(leg) is None:
+                proc._reject_command(tx, Rejection.INVALID_COMMAND,
+                                     f"leg on {leg.account_id} (another partition) needs its currency")
+                return
+        participants = sorted({proc._home(l.account_id) for l in tx.legs if l.amount < 0} - {None})
+        record = {"tx": command_to_wire(tx)["body"][1], "at_ms": tx.at_ms, "participants": participants,
+                  "votes": {}, "retries": 0, "offset": offset}
+        proc.commit_change(ENGINE_CLIENT, f"{key}~begin", "", offset,
+                           _accepted(f"{key}~begin", tx.at_ms, f"reserving in partitions {participants}"),
+                           records=[(f"c/{key}", record)])
+        for p in participants:
+            account = next(l.account_id for l in tx.legs if l.amount < 0 and proc._home(l.account_id) == p)
+            self._send(key, "Reserve", p, routing.routing_key_for(account), tx.at_ms, {
+                "transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
+                "coordinator_partition": proc.partition, "transaction": record["tx"]})
+
+    def _currency(self, leg: Leg) -> str | None:
+        currency = leg.currency or routing.system_currency(leg.account_id)
+        return currency if self.proc.currencies.get(currency) is not None else None
+
+    def _send(self, key: str, kind: str, partition: int, routing_key: str, at_ms: int, body: dict) -> None:
+        command_id = f"{key}~{kind.lower()}~{partition if kind != 'Vote' else body['participant']}"
+        self.proc.send_wire({"command_id": command_id, "client_id": ENGINE_CLIENT, "body": (f"ledger.{kind}", body)},
+                            routing_key, partition, at_ms)
+
+    # --- steps 2-4: engine commands ------------------------------------------------------------------------
+    def handle(self, kind: str, record: dict[str, Any], offset: int, at_ms: int) -> None:
+        proc = self.proc
+        command_id = record["command_id"]
+        fingerprint = hashlib.sha256(repr((kind, sorted(record["body"][1].items()))).encode()).hexdigest()
+        stored = self.state.change_record(ENGINE_CLIENT, command_id)
+        if stored is not None:  # redelivered: its effects and outputs exist already
+            original = proc._codec.decode("result", stored["result"])
+            proc._emit_result({**original, "duplicate": True})
+            return
+        proc._expire_due(offset, at_ms)
+        body = record["body"][1]
+        key = f"{body['transaction_client_id']}/{body['transaction_command_id']}"
+        step = {"Reserve": self._reserve, "Vote": self._vote, "Decide": self._decide}[kind]
+        step(key, command_id, fingerprint, body, offset, at_ms)
+
+    def _reserve(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
+        proc, state = self.proc, self.state
+        tx = self._transaction(body, at_ms)
+        mine = [leg for leg in tx.legs if leg.amount < 0 and proc._home(leg.account_id) == proc.partition]
+        failure: tuple[Rejection, str] | None = None
+        locks: dict[str, list] = {}  # hold id -> [account, amount]
+        plain: dict[str, int] = {}
+        for leg in mine:
+            account = state.account(leg.account_id)
+            if account is None:
+                failure = Rejection.UNKNOWN_ACCOUNT, f"account {leg.account_id} does not exist"
+            elif leg.currency is not None and leg.currency != account.currency:
+                failure = Rejection.CURRENCY_MISMATCH, f"{leg.account_id} is in {account.currency}"
+            elif leg.hold_id is None:
+                plain[leg.account_id] = plain.get(leg.account_id, 0) - leg.amount
+                continue
+            else:
+                failure = self._lockable(leg, locks, at_ms)
+            if failure is not None:
+                break
+        placed: list[list] = []  # [internal hold id, account, amount]
+        if failure is None:
+            for account_id, amount in plain.items():
+                hold_id = f"{INTERNAL_HOLD_MARK}{key}~{account_id}"
+                result = proc._execute(core.PlaceHold(command_id=f"{key}~hold~{account_id}", client_id=ENGINE_CLIENT,
+                                                      at_ms=at_ms, hold_id=hold_id, account_id=account_id,
+                                                      amount=amount), offset)
+                if result.outcome != "accepted":
+                    failure = result.reason, result.detail
+                    break
+                placed.append([hold_id, account_id, amount])
+        records: list[tuple[str, Any]] = []
+        if failure is not None:
+            for hold_id, account_id, _ in placed:
+                self._release(key, hold_id, account_id, offset, at_ms)
+        else:
+            for hold_id, (account_id, amount) in locks.items():
+                current = state.record(f"l/{hold_id}") or {}
+                records.append((f"l/{hold_id}", {**current, key: amount}))
+            for account_id in dict.fromkeys([a for _, a, _ in placed] + [a for a, _ in locks.values()]):
+                current = state.record(f"k/{account_id}") or []
+                records.append((f"k/{account_id}", [*current, key]))
+            records.append((f"r/{key}", {"holds": placed, "locks": [[h, a, n] for h, (a, n) in locks.items()],
+                                         "at_ms": at_ms, "tx": body["transaction"]}))
+        reason, detail = (None, "") if failure is None else (failure[0].code, failure[1])
+        wire = _accepted(command_id, at_ms) if failure is None else \
+            rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, failure[0], failure[1])
+        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records)
+        coordinator_account = next(l.account_id for l in tx.legs if l.amount < 0 and not routing.is_system(l.account_id))
+        self._send(key, "Vote", body["coordinator_partition"], routing.routing_key_for(coordinator_account), at_ms, {
+            "transaction_client_id": body["transaction_client_id"],
+            "transaction_command_id": body["transaction_command_id"],
+            "participant": proc.partition, "reason": reason, "detail": detail})
+
+    def _lockable(self, leg: Leg, locks: dict[str, list], at_ms: int) -> tuple[Rejection, str] | None:
+        hold = self.state.hold(leg.hold_id)
+        account = self.state.account(leg.account_id)
+        if hold is None or hold.account_id != leg.account_id:
+            return Rejection.UNKNOWN_HOLD, f"no hold {leg.hold_id} on {leg.account_id}"
+        if hold.status is not HoldStatus.OPEN:
+            return Rejection.HOLD_NOT_OPEN, f"hold {hold.id} is {hold.status.value}"
+        if hold.expires_at_ms is not None and at_ms >= hold.expires_at_ms:
+            return Rejection.HOLD_EXPIRED, f"hold {hold.id} expired at {hold.expires_at_ms}"
+        if account.status is not core.AccountStatus.OPEN:
+            reason = Rejection.ACCOUNT_FROZEN if account.status is core.AccountStatus.FROZEN else Rejection.ACCOUNT_CLOSED
+            return reason, f"account {account.id} is {account.status.value}"
+        entry = locks.setdefault(leg.hold_id, [leg.account_id, 0])
+        entry[1] -= leg.amount
+        free = hold.remaining - self.locked_amount(hold.id)
+        if entry[1] > free:
+            return Rejection.CAPTURE_EXCEEDS_HOLD, f"hold {hold.id}: {free} unreserved, {entry[1]} asked"
+        return None
+
+    def _vote(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
+        proc = self.proc
+        pending = self.state.record(f"c/{key}")
+        if pending is None:  # decided already (a vote delivered twice)
+            proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms, "late"))
+            return
+        pending["votes"][str(body["participant"])] = [body["reason"], body["detail"]]
+        if len(pending["votes"]) < len(pending["participants"]):
+            proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
+                               records=[(f"c/{key}", pending)])
+            return
+        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
+                           records=[(f"c/{key}", None)])
+        client_id, tx_command_id = key.split("/", 1)
+        tx = self._transaction({"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
+                                "transaction": pending["tx"]}, at_ms)
+        failures = sorted((Rejection.from_code(r), d) for r, d in pending["votes"].values() if r is not None)
+        reserved = [int(p) for p, (r, _) in pending["votes"].items() if r is None]
+        commit = False
+        if failures:
+            reason, detail = failures[0]
+            wire = rejection_to_wire(tx.command_id, tx.client_id, at_ms, reason, detail)
+            proc.commit_change(tx.client_id, tx.command_id, tx.fingerprint(), offset, wire)
+            result_wire = wire
+        else:
+            commit, result_wire = self._post_credits(tx, offset, at_ms)
+        for _ in range(pending["retries"]):
+            proc._emit_result({**result_wire, "duplicate": True})
+        for p in sorted(reserved):
+            account = next(l.account_id for l in tx.legs if l.amount < 0 and proc._home(l.account_id) == p)
+            self._send(key, "Decide", p, routing.routing_key_for(account), at_ms, {
+                "transaction_client_id": client_id, "transaction_command_id": tx_command_id, "commit": commit})
+
+    def _post_credits(self, tx: core.PostTransaction, offset: int, at_ms: int) -> tuple[bool, dict]:
+        """The credit side, funded from the local clearing shard; returns (accepted, wire result)."""
+        proc = self.proc
+        credits = [leg for leg in tx.legs if leg.amount > 0]
+        totals: dict[str, int] = defaultdict(int)
+        local: list[Leg] = []
+        remote: list[tuple[Leg, int, str]] = []
+        for leg in credits:
+            home = proc._home(leg.account_id)
+            account = proc.state.account(leg.account_id) if home == proc.partition else None
+            currency = account.currency if account is not None else self._currency(leg)
+            if currency is None:
+                currency = leg.currency or routing.system_currency(leg.account_id)
+            totals[currency] += leg.amount
+            if home is None or home == proc.partition:
+                local.append(replace(leg, account_id=proc._local(leg.account_id)))
+            else:
+                remote.append((leg, home, currency))
+                local.append(Leg(routing.shard_of(f"sys:clearing:{currency}", proc.partition), leg.amount))
+        system = [f"sys:clearing:{c}" for c in totals] + [l.account_id for l in credits if routing.is_system(l.account_id)]
+        if not proc._open_shards(system, tx, offset):
+            return False, rejection_to_wire(tx.command_id, tx.client_id, at_ms, Rejection.UNKNOWN_CURRENCY, "")
+        funding = [Leg(routing.shard_of(f"sys:clearing:{c}", proc.partition), -total) for c, total in totals.items()]
+        result = proc._execute(replace(tx, at_ms=at_ms, legs=tuple(funding + local)), offset, tx)
+        wire = {"command_id": tx.command_id, "client_id": tx.client_id, "outcome": result.outcome,
+                "reason": None if result.reason is None else result.reason.code, "detail": result.detail,
+                "duplicate": False, "transaction_id": tx.transaction_id if result.outcome == "accepted" else None,
+                "at_ms": at_ms, "holds": []}
+        if result.outcome != "accepted":
+            return False, wire
+        for index, (leg, home, currency) in enumerate(remote):
+            proc._send_credit(tx, index, leg, home, currency)
+        return True, wire
+
+    def _decide(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
+        proc, state = self.proc, self.state
+        reservation = state.record(f"r/{key}")
+        if reservation is None:
+            proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms, "late"))
+            return
+        records: list[tuple[str, Any]] = [(f"r/{key}", None)]
+        for hold_id, _, _ in reservation["locks"]:
+            rest = {k: v for k, v in (state.record(f"l/{hold_id}") or {}).items() if k != key}
+            records.append((f"l/{hold_id}", rest or None))
+        accounts = dict.fromkeys([a for _, a, _ in reservation["holds"]] + [a for _, a, _ in reservation["locks"]])
+        for account_id in accounts:
+            rest = [k for k in (state.record(f"k/{account_id}") or []) if k != key]
+            records.append((f"k/{account_id}", rest or None))
+        if body["commit"]:
+            self._commit(key, reservation, offset)
+        else:
+            for hold_id, account_id, _ in reservation["holds"]:
+                self._release(key, hold_id, account_id, offset, at_ms)
+        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
+                           records=records)
+        for hold_id, _, _ in reservation["locks"]:  # expiry skipped while locked: index it again
+            hold = state.hold(hold_id)
+            if hold is not None and hold.status is HoldStatus.OPEN and hold.expires_at_ms is not None:
+                heapq.heappush(state.expiries, (hold.expires_at_ms, hold_id))
+
+    def _commit(self, key: str, reservation: dict, offset: int) -> None:
+        proc = self.proc
+        client_id, tx_command_id = key.split("/", 1)
+        original = self._transaction({"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
+                                      "transaction": reservation["tx"]}, reservation["at_ms"])
+        legs = [Leg(a, -n, h) for h, a, n in reservation["holds"]] + [Leg(a, -n, h) for h, a, n in reservation["locks"]]
+        totals: dict[str, int] = defaultdict(int)
+        for leg in legs:
+            totals[proc.state.account(leg.account_id).currency] -= leg.amount
+        clearing = [Leg(routing.shard_of(f"sys:clearing:{c}", proc.partition), n) for c, n in totals.items()]
+        commit_id = f"{key}~commit~{proc.partition}"
+        proc._open_shards([f"sys:clearing:{c}" for c in totals], original, offset)
+        # Judged at the reservation's time: what was reserved then is captured now, whatever the clock says.
+        command = core.PostTransaction(command_id=commit_id, client_id=ENGINE_CLIENT, at_ms=reservation["at_ms"],
+                                       transaction_id=commit_id, legs=tuple(legs + clearing), kind=original.kind,
+                                       reference=original.transaction_id, links=(original.transaction_id,),
+                                       occurred_at_ms=original.occurred_at_ms)
+        result = proc._execute(command, offset)
+        assert result.outcome == "accepted", f"reserved debits refused at commit: {result}"
+
+    def _release(self, key: str, hold_id: str, account_id: str, offset: int, at_ms: int) -> None:
+        self.proc._execute(core.ReleaseHold(command_id=f"{key}~release~{account_id}", client_id=ENGINE_CLIENT,
+                                            at_ms=at_ms, hold_id=hold_id), offset)
+
+    def _transaction(self, body: dict, at_ms: int) -> core.PostTransaction:
+        record = {"command_id": body["transaction_command_id"], "client_id": body["transaction_client_id"],
+                  "body": ("ledger.PostTransaction", body["transaction"])}
+        return command_from_wire(record, at_ms)
