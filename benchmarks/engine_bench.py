@@ -72,7 +72,7 @@ def collect_latencies(settings, sent_at: dict[str, float], topic: str, stop: thr
     consumer.assign([TopicPartition(name, p, consumer.get_watermark_offsets(TopicPartition(name, p))[1])
                      for p in range(settings.partitions)])
     while not stop.is_set():
-        for msg in consumer.consume(2000, timeout=0.1):
+        for msg in consumer.consume(2000, timeout=0.01):
             if msg.error():
                 continue
             now = time.perf_counter()

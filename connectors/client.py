@@ -134,7 +134,7 @@ class LedgerClient:
                 return {c: self._results[c] for c in wanted}
             if time.monotonic() > deadline:
                 raise ResultTimeout(missing)
-            for msg in self._consumer.consume(1000, timeout=0.2):
+            for msg in self._consumer.consume(1000, timeout=0.02):
                 if msg.error():
                     continue
                 result = self._codec.decode("result", msg.value())

@@ -23,7 +23,7 @@ log = logging.getLogger("ledger.worker")
 settings = config.load()
 DATA_DIR = Path(os.environ.get("LEDGER_DATA_DIR", ".state/worker")).resolve()
 BATCH_MAX = int(os.environ.get("LEDGER_BATCH_MAX", "2000"))
-BATCH_WINDOW_S = float(os.environ.get("LEDGER_BATCH_WINDOW_S", "0.005"))
+BATCH_WINDOW_S = float(os.environ.get("LEDGER_BATCH_WINDOW_S", "0.02"))
 SESSION_TIMEOUT_S = float(os.environ.get("LEDGER_SESSION_TIMEOUT_S", "10"))
 (DATA_DIR / "faust").mkdir(parents=True, exist_ok=True)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,36 @@ class DeliveryFailed(RuntimeError):
     pass
 
 
+class BatchStats:
+    """Where a worker's time goes, logged every few seconds: batch sizes, deciding, emitting and committing."""
+
+    def __init__(self, every_s: float = 10.0):
+        self.every_s = every_s
+        self.reset()
+
+    def reset(self) -> None:
+        self.since = time.monotonic()
+        self.batches = self.records = 0
+        self.decide_s = self.commit_s = 0.0
+
+    def add(self, records: int, decide_s: float, commit_s: float) -> None:
+        self.batches += 1
+        self.records += records
+        self.decide_s += decide_s
+        self.commit_s += commit_s
+
+    def due(self) -> bool:
+        return time.monotonic() - self.since >= self.every_s
+
+    def report(self) -> str:
+        elapsed = time.monotonic() - self.since
+        text = (f"{self.records / elapsed:.0f} commands/s in {self.batches} batches "
+                f"(avg {self.records / max(self.batches, 1):.0f}); deciding {self.decide_s / elapsed:.0%}, "
+                f"emitting+committing {self.commit_s / elapsed:.0%} of the time")
+        self.reset()
+        return text
+
+
 def output_producer(settings: Settings) -> Producer:
     return Producer({
         **settings.kafka_config(),
@@ -76,6 +107,7 @@ class Engine:
         self._topics = {name: settings.topic(name) for name in ("results", "history", "balances", "commands",
                                                                  "dlq", "changelog")}
         self.restored_records = 0
+        self.stats = BatchStats()
 
     # --- partitions -----------------------------------------------------------------------------------------
     def processor(self, partition: int) -> PartitionProcessor:
@@ -132,9 +164,14 @@ class Engine:
         for partition in partitions:  # 1.
             if partition not in self._expected:
                 await asyncio.to_thread(self.restore, partition)
+        started = time.perf_counter()
         for r in records:  # 2.
             self.processor(r.partition).handle(r.offset, r.timestamp_ms, r.key, r.value)
+        decided = time.perf_counter()
         await asyncio.to_thread(self.commit, partitions)
+        self.stats.add(len(records), decided - started, time.perf_counter() - decided)
+        if self.stats.due():
+            log.info("%s", self.stats.report())
 
     def commit(self, partitions: list[int]) -> None:
         """Steps 3-5 (blocking)."""
