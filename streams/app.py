@@ -15,7 +15,7 @@ from pathlib import Path
 
 import faust
 
-from streams import config
+from streams import config, metrics
 from streams.engine import CommandRecord, Engine
 
 log = logging.getLogger("ledger.worker")
@@ -47,6 +47,7 @@ app = faust.App(
 commands = app.topic(settings.topic("commands"), key_type=bytes, value_type=bytes,
                      partitions=settings.partitions)
 engine = Engine(settings, DATA_DIR)
+METRICS_PORT = int(os.environ.get("LEDGER_METRICS_PORT", "0"))
 
 
 @app.on_partitions_revoked.connect
@@ -59,6 +60,30 @@ async def on_assigned(sender, assigned, **kwargs) -> None:
     engine.invalidate()
 
 
+@app.task
+async def serve_metrics() -> None:
+    if METRICS_PORT:
+        metrics.serve(METRICS_PORT)
+        log.info("metrics on http://127.0.0.1:%d/metrics", METRICS_PORT)
+
+
+def _observe_lag(events) -> None:
+    consumer = app.consumer
+    last = {}
+    for e in events:
+        last[e.message.tp] = e.message.offset
+    for tp, offset in last.items():
+        high = consumer.highwater(tp)
+        if high is not None:
+            metrics.LAG.labels(str(tp.partition)).set(max(0, high - offset - 1))
+    totals: dict[str, int] = {}
+    for proc in engine.processors.values():
+        for currency, posted in proc.clearing.items():
+            totals[currency] = totals.get(currency, 0) + posted
+    for currency, total in totals.items():
+        metrics.CLEARING.labels(currency).set(total)
+
+
 @app.agent(commands, concurrency=1)
 async def ledger_worker(stream):
     async for events in stream.take_events(BATCH_MAX, within=BATCH_WINDOW_S):
@@ -69,6 +94,7 @@ async def ledger_worker(stream):
         ]
         try:
             await engine.process(records)
+            _observe_lag(events)
         except BaseException:
             # take_events acks the batch when this body ends, even by an exception: never let it end so.
             # Exiting here leaves the offsets uncommitted; the restarted worker redoes the batch.

@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from streams import core
+from streams import core, metrics
 from streams.config import Settings
 from streams.partition import Output, PartitionProcessor
 from streams.store import RocksStore
@@ -169,7 +170,13 @@ class Engine:
             self.processor(r.partition).handle(r.offset, r.timestamp_ms, r.key, r.value)
         decided = time.perf_counter()
         await asyncio.to_thread(self.commit, partitions)
-        self.stats.add(len(records), decided - started, time.perf_counter() - decided)
+        done = time.perf_counter()
+        self.stats.add(len(records), decided - started, done - decided)
+        tally: Counter = Counter()
+        for p in partitions:
+            tally.update(self.processors[p].tally)
+            self.processors[p].tally.clear()
+        metrics.record_batch(tally, len(records), done - started)
         if self.stats.due():
             log.info("%s", self.stats.report())
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import json
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -199,6 +200,11 @@ class PartitionProcessor:
         self._codec = codec()
         self._homes: dict[str, int | None] = {}
         self.spanning = Spanning(self)
+        # (command kind, outcome, reason) -> count of results emitted; read and reset by the engine (metrics).
+        self.tally: Counter = Counter()
+        self._kind = "unknown"
+        # Money in this partition's clearing shards per currency, for the in-flight gauge.
+        self.clearing: dict[str, int] = {}
 
     # One record ------------------------------------------------------------------------------------------
     def handle(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None) -> None:
@@ -208,7 +214,7 @@ class PartitionProcessor:
             self._dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
             return
         client_id, command_id = record["client_id"], record["command_id"]
-        kind = record["body"][0].rsplit(".", 1)[-1]
+        kind = self._kind = record["body"][0].rsplit(".", 1)[-1]
         if kind in SPANNING_KINDS:
             if client_id != ENGINE_CLIENT:
                 self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
@@ -419,6 +425,10 @@ class PartitionProcessor:
         per change, the new balance of each changed account. records: engine records (key, JSON value or
         None to delete) written in the same StateChange."""
         encoded_result = self._codec.encode("result", wire_result)
+        self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
+        for account in accounts:
+            if account.id.startswith("sys:clearing:"):
+                self.clearing[account.currency] = account.posted
         change = {
             "client_id": client_id,
             "command_id": command_id,
@@ -446,6 +456,7 @@ class PartitionProcessor:
                                        self._codec.encode("balance", balance_to_wire(account)), self.partition, at))
 
     def _emit_result(self, wire_result: dict[str, Any]) -> None:
+        self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
         key = f"{wire_result['client_id']}/{wire_result['command_id']}".encode()
         self.outputs.append(Output("results", key, self._codec.encode("result", wire_result), self.partition,
                                    wire_result["at_ms"]))
@@ -459,6 +470,7 @@ class PartitionProcessor:
 
     def _dead_letter(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
                      reason: str, detail: str) -> None:
+        self.tally[("dead_letter", "dead_letter", reason)] += 1
         record = {"reason": reason, "detail": detail, "topic": "commands", "partition": self.partition,
                   "offset": offset, "timestamp_ms": timestamp_ms, "key": key, "value": value}
         self.outputs.append(Output("dlq", f"{self.partition}/{offset}".encode(),

@@ -1,0 +1,34 @@
+"""Prometheus metrics of a worker (served on LEDGER_METRICS_PORT when it is set)."""
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge, Histogram, start_http_server
+
+COMMANDS = PromCounter("ledger_commands_total", "Commands answered, by kind and outcome", ["kind", "outcome"])
+REJECTIONS = PromCounter("ledger_rejections_total", "Rejected commands, by reason", ["reason"])
+DEAD_LETTERS = PromCounter("ledger_dead_letters_total", "Undecodable commands sent to the dead-letter topic", ["reason"])
+BATCH_SECONDS = Histogram("ledger_batch_seconds", "Time to decide and commit one batch",
+                          buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
+BATCH_SIZE = Histogram("ledger_batch_records", "Commands per batch", buckets=(1, 10, 50, 100, 250, 500, 1000, 2000))
+LAG = Gauge("ledger_consumer_lag", "Commands not yet processed, per partition", ["partition"])
+CLEARING = Gauge("ledger_clearing_minor_units", "Money in this worker's clearing shards (in flight), per currency",
+                 ["currency"])
+
+
+def serve(port: int) -> None:
+    start_http_server(port, addr="127.0.0.1")
+
+
+def record_batch(counts: Counter, records: int, seconds: float) -> None:
+    """counts: (kind, outcome, reason) -> n, as PartitionProcessor tallies them."""
+    for (kind, outcome, reason), n in counts.items():
+        if kind == "dead_letter":
+            DEAD_LETTERS.labels(reason).inc(n)
+            continue
+        COMMANDS.labels(kind, outcome).inc(n)
+        if reason:
+            REJECTIONS.labels(reason).inc(n)
+    BATCH_SECONDS.observe(seconds)
+    BATCH_SIZE.observe(records)
