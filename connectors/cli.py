@@ -91,6 +91,100 @@ def loadgen(
 
 
 @app.command()
+def submit(
+    path: str = typer.Argument(..., help="A JSON Lines file of commands (see README), or - for stdin."),
+    client_id: str = typer.Option("cli", help="Scopes the command ids."),
+    timeout_s: float = typer.Option(60.0, "--timeout", help="Seconds to wait for all results."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON result per line instead of a summary."),
+) -> None:
+    """Send the commands of a JSON Lines file and wait for their results.
+
+    Bad lines are reported with their line number and skipped; the good lines are still sent.
+    Exit status: 0 when every line was valid and accepted, 1 otherwise.
+    """
+    import json
+    from collections import Counter
+
+    from rich.progress import Progress
+
+    from connectors.client import LedgerClient, ResultTimeout
+    from connectors.jsonl import parse_file
+
+    lines = (sys.stdin if path == "-" else open(path, encoding="utf-8")).read().splitlines()
+    good, bad = parse_file(lines)
+    for number, error in bad:
+        typer.echo(f"line {number}: {error}", err=True)
+    client = LedgerClient(config.load(), client_id)
+    try:
+        sent = [(parsed.line, parsed.send(client)) for parsed in good]
+        client.flush()
+        results: dict[str, dict] = {}
+        with Progress(transient=True, disable=as_json) as progress:
+            task = progress.add_task("waiting for results", total=len(sent))
+            try:
+                for _, command_id in sent:
+                    results[command_id] = client.result(command_id, timeout_s)
+                    progress.advance(task)
+            except ResultTimeout as exc:
+                typer.echo(f"no result within {timeout_s}s for {len(exc.missing)} command(s); "
+                           f"resubmitting the same file is safe (same ids)", err=True)
+    finally:
+        client.close()
+    outcomes = Counter()
+    for line, command_id in sent:
+        result = results.get(command_id)
+        if result is None:
+            outcomes["no result"] += 1
+            continue
+        outcomes[result["reason"] or "accepted"] += 1
+        if as_json:
+            typer.echo(json.dumps({"line": line, **result}))
+        elif result["outcome"] == "rejected":
+            typer.echo(f"line {line}: {command_id} rejected: {result['reason']} ({result['detail']})")
+    if not as_json:
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+        typer.echo(f"{len(sent)} sent, {len(bad)} bad lines; {summary}")
+    ok = not bad and outcomes.get("accepted", 0) == len(sent)
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def tail(
+    as_json: bool = typer.Option(False, "--json", help="Print each result as JSON."),
+    from_start: bool = typer.Option(False, "--from-start", help="Start at the beginning of the results topic."),
+) -> None:
+    """Print results as they are published (Ctrl-C to stop)."""
+    import json
+    import uuid
+
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+
+    from schemas.codec import codec
+
+    settings = config.load()
+    consumer = Consumer({**settings.kafka_config(), "group.id": f"tail-{uuid.uuid4()}", "enable.auto.commit": False})
+    start = OFFSET_BEGINNING if from_start else OFFSET_END
+    consumer.assign([TopicPartition(settings.topic("results"), p, start) for p in range(settings.partitions)])
+    c = codec()
+    try:
+        while True:
+            for msg in consumer.consume(500, timeout=0.2):
+                if msg.error():
+                    continue
+                r = c.decode("result", msg.value())
+                if as_json:
+                    typer.echo(json.dumps(r))
+                else:
+                    outcome = r["outcome"] + (f" {r['reason']}: {r['detail']}" if r["reason"] else "")
+                    dup = " (duplicate)" if r["duplicate"] else ""
+                    typer.echo(f"{r['client_id']}/{r['command_id']}: {outcome}{dup}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+
+
+@app.command()
 def demo() -> None:
     """Run DESIGN.md §8's worked example through the broker and print the final balances."""
     from connectors.demo import run_demo

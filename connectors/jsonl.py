@@ -1,0 +1,116 @@
+"""The JSON Lines command format of `ledger submit`: one command per line, amounts as exact decimal strings.
+
+    {"type": "open", "account": "user:1:USD", "currency": "USD"}
+    {"type": "post", "id": "dep-1", "kind": "deposit",
+     "legs": [{"account": "sys:world:USD", "amount": "-10.00"}, {"account": "user:1:USD", "amount": "10.00"}]}
+    {"type": "hold", "id": "order-7", "account": "user:1:USD", "amount": "2.50", "expires_at_ms": 1767225600000}
+    {"type": "post", "id": "fill-7", "legs": [{"account": "user:1:USD", "amount": "-2.00", "hold": "order-7"},
+                                             {"account": "sys:merchant:USD", "amount": "2.00"}]}
+    {"type": "release", "hold": "order-7", "account": "user:1:USD"}
+    {"type": "freeze" | "unfreeze" | "close", "account": "user:1:USD"}
+
+Amounts are in major units with at most the currency's scale ("10.00" USD, "0.5" BTC), converted exactly;
+more digits than the scale is an error, never a rounding. A leg's currency is its "currency" field or the
+last segment of its account id. Optional on every line: "id" (command id; defaults derive from the line).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from connectors.client import LedgerClient, Leg
+from streams import routing
+from streams.core import DEFAULT_CURRENCIES, CurrencyRegistry, Rejection, parse_amount
+
+
+class LineError(ValueError):
+    """A line that cannot become a command; the message names the field and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed:
+    line: int
+    send: Callable[[LedgerClient], str]  # sends the command, returns its command id
+
+
+def _text(obj: dict, field: str) -> str:
+    value = obj.get(field)
+    if not isinstance(value, str) or not value:
+        raise LineError(f"{field!r} must be a non-empty string")
+    return value
+
+
+def _minor(text: Any, currency_code: str, currencies: CurrencyRegistry, field: str) -> int:
+    if not isinstance(text, str):
+        raise LineError(f"{field} must be a decimal string such as \"10.00\" (got {json.dumps(text)})")
+    currency = currencies.get(currency_code)
+    if currency is None:
+        raise LineError(f"unknown currency {currency_code!r} for {field}")
+    value = parse_amount(text, currency)
+    if isinstance(value, Rejection):
+        raise LineError(f"{field} {text!r}: {value.code} ({currency.code} has {currency.scale} decimals)")
+    return value
+
+
+def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CURRENCIES) -> Parsed:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LineError(f"not JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(obj, dict):
+        raise LineError("a line must be a JSON object")
+    kind = obj.get("type")
+    command_id = obj.get("id")
+    if command_id is not None and not isinstance(command_id, str):
+        raise LineError("'id' must be a string")
+    if kind == "open":
+        account, currency = _text(obj, "account"), _text(obj, "currency")
+        if currencies.get(currency) is None:
+            raise LineError(f"unknown currency {currency!r}")
+        overdraft = _minor(obj.get("overdraft_limit", "0"), currency, currencies, "overdraft_limit")
+        return Parsed(number, lambda c: c.open_account(account, currency, command_id=command_id,
+                                                       overdraft_limit=overdraft))
+    if kind == "post":
+        legs_in = obj.get("legs")
+        if not isinstance(legs_in, list) or len(legs_in) < 2:
+            raise LineError("'legs' must be a list of at least two legs")
+        legs = []
+        for i, leg in enumerate(legs_in):
+            if not isinstance(leg, dict):
+                raise LineError(f"leg {i} must be an object")
+            account = _text(leg, "account")
+            currency = leg.get("currency") or routing.system_currency(account)
+            legs.append(Leg(account, _minor(leg.get("amount"), currency, currencies, f"leg {i} amount"),
+                            hold_id=leg.get("hold"), currency=leg.get("currency")))
+        tx_id = command_id or _text(obj, "id")
+        return Parsed(number, lambda c: c.post(tx_id, legs, kind=obj.get("kind", "transfer"),
+                                               reference=obj.get("reference"), metadata=obj.get("metadata")))
+    if kind == "hold":
+        account = _text(obj, "account")
+        amount = _minor(obj.get("amount"), routing.system_currency(account), currencies, "amount")
+        hold_id, expires = _text(obj, "id"), obj.get("expires_at_ms")
+        if expires is not None and type(expires) is not int:
+            raise LineError("'expires_at_ms' must be an integer (ms since the epoch)")
+        return Parsed(number, lambda c: c.place_hold(hold_id, account, amount, expires_at_ms=expires))
+    if kind == "release":
+        hold_id, account = _text(obj, "hold"), _text(obj, "account")
+        return Parsed(number, lambda c: c.release_hold(hold_id, account, command_id=command_id))
+    names = {"freeze": "FreezeAccount", "unfreeze": "UnfreezeAccount", "close": "CloseAccount"}
+    if kind in names:
+        account = _text(obj, "account")
+        return Parsed(number, lambda c: c.account_command(names[kind], account, command_id=command_id))
+    raise LineError(f"unknown type {kind!r}; expected one of open, post, hold, release, freeze, unfreeze, close")
+
+
+def parse_file(lines: list[str]) -> tuple[list[Parsed], list[tuple[int, str]]]:
+    """Every good line as a command to send, every bad line with its error; blank lines are skipped."""
+    good, bad = [], []
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            good.append(parse_line(number, text))
+        except LineError as exc:
+            bad.append((number, str(exc)))
+    return good, bad

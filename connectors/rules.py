@@ -1,0 +1,698 @@
+"""Business-event rules: pure, versioned functions from an exchange's or a wallet's events to ledger commands.
+
+A rule takes one business event (a deposit confirmed, an order placed, a trade executed, ...) and returns a
+:class:`Plan`: the wire-level command records (the dicts ``schemas/codec.py`` encodes as ``"command"``), each
+paired with the account that routes it. Rules do no I/O, read no clock and draw no randomness, so the same
+event always gives byte-identical commands; sending them is the caller's job (``LedgerClient.send``, or a
+bus in tests), and they go through the same engine as any transaction.
+
+Identity. Every command id is ``<rule>:<business id>`` (``#<attempt>`` appended when ``attempt > 1``) and every
+transaction id equals its command id, so an event delivered twice yields the same command and the ledger's
+inbox answers the second delivery as a duplicate. The rule version is *not* part of the id: an event replayed
+after a rule upgrade hits the same inbox key and, as its payload (metadata) differs, is refused as
+``id_conflict`` instead of posting twice. Holds are named ``order:<order id>`` and ``withdrawal:<id>``.
+
+Recording. Every transaction a rule posts carries ``metadata["rule"]`` and ``metadata["rule_version"]`` (plus
+the business fields it used). Hold commands (PlaceHold, ReleaseHold) have no metadata field in
+``schemas/command.avsc``; their rule is visible in their command id.
+
+Retries (``attempt``). The ledger remembers rejections: a command rejected with ``unknown_hold`` because it
+overtook the command placing its hold is answered with the same rejection forever. Once a result is a
+definitive rejection, nothing of that attempt can ever post, so the caller may send the event again with
+``attempt + 1`` (see :func:`next_attempt`). Never bump the attempt on a timeout (resend the same attempt):
+for rules that end a hold (withdrawal completed / failed, order closed) even that would be harmless, as a
+hold ends once (P5), but a deposit or a trade would post twice. See docs/rules.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Literal, NamedTuple
+
+from streams import routing
+from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, Currency, CurrencyRegistry, parse_amount
+from streams.core.rejections import Rejection
+
+Amount = int | str  # int: minor units; str: an exact decimal in major units ("0.5" BTC)
+Rounding = Literal["exact", "down", "up"]
+
+DEFAULT_CLIENT_ID = "rules"
+# Rejections that mean "too early, the command it depends on has not been applied yet".
+ORDERING_REASONS = frozenset({"unknown_hold", "unknown_account"})
+# Rejections the engine does not remember: resend the same command (same attempt) later.
+TRANSIENT_REASONS = frozenset({"in_flight"})
+
+
+# --- errors -----------------------------------------------------------------------------------------------
+
+
+class RuleError(ValueError):
+    """An event a rule cannot turn into commands. ``code`` is machine-readable, ``field`` names the input."""
+
+    code = "invalid_event"
+
+    def __init__(self, field: str, detail: str):
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+        self.detail = detail
+
+
+class InvalidEvent(RuleError):
+    code = "invalid_event"
+
+
+class InvalidId(RuleError):
+    code = "invalid_id"
+
+
+class InvalidAmount(RuleError):
+    """Zero, negative, malformed or out-of-range amount, price or rate."""
+
+    code = "invalid_amount"
+
+
+class UnknownCurrency(RuleError):
+    code = "unknown_currency"
+
+
+class PrecisionExceeded(RuleError):
+    """A decimal with more digits than the currency's scale."""
+
+    code = "precision_exceeded"
+
+
+class InexactAmount(RuleError):
+    """A product (quantity x price, amount x rate) that is not a whole number of minor units."""
+
+    code = "inexact_amount"
+
+
+# --- output -----------------------------------------------------------------------------------------------
+
+
+class Routed(NamedTuple):
+    """One command record and the account whose partition it is produced to (unpacks as a pair)."""
+
+    routing_account: str
+    record: dict[str, Any]
+
+    @property
+    def command_id(self) -> str:
+        return self.record["command_id"]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one rule produced for one event: its commands, in the order they must be sent."""
+
+    rule: str
+    version: int
+    commands: tuple[Routed, ...]
+
+    def __iter__(self) -> Iterator[Routed]:
+        return iter(self.commands)
+
+    def __len__(self) -> int:
+        return len(self.commands)
+
+    @property
+    def command_ids(self) -> list[str]:
+        return [c.command_id for c in self.commands]
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the rules need besides the event: the client id scoping their command ids, the currencies."""
+
+    client_id: str = DEFAULT_CLIENT_ID
+    currencies: CurrencyRegistry = DEFAULT_CURRENCIES
+
+
+DEFAULT_CONTEXT = Context()
+BOT = None  # a Party whose user is None is the exchange's own market-making bot
+
+
+# --- events -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DepositConfirmed:
+    deposit_id: str
+    user: str
+    currency: str
+    amount: Amount
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawalRequested:
+    withdrawal_id: str
+    user: str
+    currency: str
+    amount: Amount
+    fee: Amount = 0
+    expires_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawalCompleted:
+    withdrawal_id: str
+    user: str
+    currency: str
+    amount: Amount
+    fee: Amount = 0
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawalFailed:
+    withdrawal_id: str
+    user: str
+    currency: str
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OrderPlaced:
+    """A limit order. A buy holds qty x limit_price of quote; a sell holds qty of base."""
+
+    order_id: str
+    user: str
+    side: Literal["buy", "sell"]
+    base: str
+    quote: str
+    qty: Amount  # base currency
+    limit_price: str | int | None = None  # quote per one base unit; required for a buy
+    expires_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OrderClosed:
+    """Filled, cancelled or expired: whatever is left of the order's hold goes back."""
+
+    order_id: str
+    user: str
+    side: Literal["buy", "sell"]
+    base: str
+    quote: str
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Party:
+    """One side of a trade: a user's order (captured from its hold), or the bot (``user=None``: plain legs)."""
+
+    user: str | None
+    order_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TradeExecuted:
+    """A fill of qty base at price quote. Fees are rates on what each side receives, rounded as told."""
+
+    trade_id: str
+    base: str
+    quote: str
+    qty: Amount
+    price: str | int
+    buyer: Party
+    seller: Party
+    maker: Literal["buyer", "seller"]
+    maker_fee_rate: str = "0"
+    taker_fee_rate: str = "0"
+    fee_rounding: Rounding = "down"
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FxConverted:
+    """A user converts amount of from_currency at rate (to per one from) of a quoted rate snapshot."""
+
+    conversion_id: str
+    user: str
+    from_currency: str
+    to_currency: str
+    amount: Amount
+    rate: str | int
+    rate_snapshot_id: str
+    rounding: Rounding = "exact"
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class InternalTransfer:
+    transfer_id: str
+    from_user: str
+    to_user: str
+    currency: str
+    amount: Amount
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+Event = (DepositConfirmed | WithdrawalRequested | WithdrawalCompleted | WithdrawalFailed | OrderPlaced
+         | OrderClosed | TradeExecuted | FxConverted | InternalTransfer)
+
+
+# --- account names ----------------------------------------------------------------------------------------
+
+
+def user_account(user: str, currency: str) -> str:
+    return f"user:{user}:{currency}"
+
+
+def custody_account(currency: str) -> str:
+    return f"sys:custody:{currency}"
+
+
+def fee_account(currency: str) -> str:
+    return f"sys:fees:{currency}"
+
+
+def liquidity_account(currency: str) -> str:
+    return f"sys:liquidity:{currency}"
+
+
+def fx_account(currency: str) -> str:
+    return f"sys:fx:{currency}"
+
+
+def order_hold(order_id: str) -> str:
+    return f"order:{order_id}"
+
+
+def withdrawal_hold(withdrawal_id: str) -> str:
+    return f"withdrawal:{withdrawal_id}"
+
+
+def open_user_account(user: str, currency: str, ctx: Context = DEFAULT_CONTEXT) -> Routed:
+    """The OpenAccount command of a user's account (id ``open:<account>``); not a versioned rule."""
+    _user(user, "user")
+    _currency(currency, ctx, "currency")
+    account = user_account(user, currency)
+    body = {"account_id": account, "currency": currency, "allow_negative": False, "overdraft_limit": "0",
+            "max_balance": None, "routing_key": None}
+    return Routed(account, {"command_id": f"open:{account}", "client_id": ctx.client_id,
+                            "body": ("ledger.OpenAccount", body)})
+
+
+# --- validation and exact arithmetic ----------------------------------------------------------------------
+
+_ID = re.compile(r"[A-Za-z0-9._:/-]{1,128}\Z")
+_USER = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
+_DECIMAL = re.compile(r"([0-9]+)(?:\.([0-9]+))?\Z")
+
+
+def _business_id(value: Any, field: str) -> str:
+    if type(value) is not str or not _ID.match(value):
+        raise InvalidId(field, f"must be 1-128 characters of A-Z a-z 0-9 . _ : / -, got {value!r}")
+    return value
+
+
+def _user(value: Any, field: str) -> str:
+    if type(value) is not str or not _USER.match(value):
+        raise InvalidId(field, f"must be 1-64 characters of A-Z a-z 0-9 . _ -, got {value!r}")
+    return value
+
+
+def _currency(code: Any, ctx: Context, field: str) -> Currency:
+    currency = ctx.currencies.get(code) if type(code) is str else None
+    if currency is None:
+        raise UnknownCurrency(field, f"currency {code!r} is not registered")
+    return currency
+
+
+def _attempt(value: Any) -> int:
+    if type(value) is not int or value < 1:
+        raise InvalidEvent("attempt", f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _time(value: Any, field: str) -> int | None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise InvalidEvent(field, f"must be None or a non-negative integer of ms, got {value!r}")
+    return value
+
+
+def to_minor(value: Any, currency: Currency, field: str, *, allow_zero: bool = False) -> int:
+    """An int (minor units) or an exact decimal string (major units) -> positive minor units."""
+    if type(value) is int:
+        minor = value
+    elif type(value) is str:
+        parsed = parse_amount(value, currency)
+        if parsed is Rejection.PRECISION_EXCEEDED:
+            raise PrecisionExceeded(field, f"{value!r} has more decimals than {currency.code}'s {currency.scale}")
+        if isinstance(parsed, Rejection):
+            raise InvalidAmount(field, f"{value!r} is not an exact decimal amount ({parsed.code})")
+        minor = parsed
+    else:
+        raise InvalidAmount(field, f"must be an int of minor units or a decimal string, got {type(value).__name__}")
+    if minor < 0 or (minor == 0 and not allow_zero):
+        raise InvalidAmount(field, f"must be {'non-negative' if allow_zero else 'positive'}, got {value!r}")
+    if minor > MAX_ABS_AMOUNT:
+        raise InvalidAmount(field, "beyond the signed 128-bit range")
+    return minor
+
+
+def ratio(value: Any, field: str, *, allow_zero: bool = False) -> tuple[int, int]:
+    """A non-negative decimal string or int -> (numerator, denominator) exactly: "59900.5" -> (599005, 10)."""
+    if type(value) is int:
+        num, den = value, 1
+    elif type(value) is str and (m := _DECIMAL.match(value)):
+        whole, fraction = m.group(1), m.group(2) or ""
+        num, den = int(whole + fraction), 10 ** len(fraction)
+    else:
+        raise InvalidAmount(field, f"must be a decimal string like '59900.5' or an int, got {value!r}")
+    if num < 0 or (num == 0 and not allow_zero):
+        raise InvalidAmount(field, f"must be {'non-negative' if allow_zero else 'positive'}, got {value!r}")
+    return num, den
+
+
+def _divide(num: int, den: int, rounding: Rounding, field: str) -> int:
+    q, r = divmod(num, den)
+    if r:
+        if rounding == "exact":
+            raise InexactAmount(field, f"{num}/{den} is not a whole number of minor units")
+        if rounding == "up":
+            q += 1
+    if q > MAX_ABS_AMOUNT:
+        raise InvalidAmount(field, "beyond the signed 128-bit range")
+    return q
+
+
+def convert(amount_minor: int, source: Currency, target: Currency, rate: tuple[int, int],
+            rounding: Rounding, field: str) -> int:
+    """amount (minor units of source) x rate (target per one source unit) in minor units of target."""
+    num, den = rate
+    return _divide(amount_minor * num * 10**target.scale, den * 10**source.scale, rounding, field)
+
+
+def fee_of(amount_minor: int, rate: tuple[int, int], rounding: Rounding, field: str) -> int:
+    num, den = rate
+    return _divide(amount_minor * num, den, rounding, field)
+
+
+def _rounding(value: Any, field: str) -> Rounding:
+    if value not in ("exact", "down", "up"):
+        raise InvalidEvent(field, f"must be 'exact', 'down' or 'up', got {value!r}")
+    return value
+
+
+# --- command records --------------------------------------------------------------------------------------
+
+
+def _command_id(rule: str, business_id: str, attempt: int) -> str:
+    return f"{rule}:{business_id}" + (f"#{attempt}" if attempt > 1 else "")
+
+
+def _leg(account: str, amount: int, currency: str, hold_id: str | None = None) -> dict[str, Any]:
+    return {"account_id": account, "amount": str(amount), "hold_id": hold_id, "currency": currency}
+
+
+def _transaction(ctx: Context, command_id: str, legs: list[dict[str, Any]], *, kind: str, reference: str,
+                 metadata: dict[str, str], occurred_at_ms: int | None = None,
+                 rate_snapshot_id: str | None = None) -> Routed:
+    legs = [leg for leg in legs if leg["amount"] != "0"]  # a fee of 0 is no leg (zero legs are invalid)
+    body = {"transaction_id": command_id, "legs": legs, "kind": kind, "reference": reference, "links": [],
+            "metadata": dict(sorted(metadata.items())), "occurred_at_ms": occurred_at_ms,
+            "rate_snapshot_id": rate_snapshot_id}
+    debits = [leg["account_id"] for leg in legs if leg["amount"].startswith("-")]
+    ordinary = [a for a in debits if not routing.is_system(a)]
+    routing_account = (ordinary or [leg["account_id"] for leg in legs if not routing.is_system(leg["account_id"])]
+                       or debits)[0]
+    return Routed(routing_account, {"command_id": command_id, "client_id": ctx.client_id,
+                                    "body": ("ledger.PostTransaction", body)})
+
+
+def _place_hold(ctx: Context, command_id: str, hold_id: str, account: str, amount: int,
+                expires_at_ms: int | None) -> Routed:
+    body = {"hold_id": hold_id, "account_id": account, "amount": str(amount), "expires_at_ms": expires_at_ms}
+    return Routed(account, {"command_id": command_id, "client_id": ctx.client_id, "body": ("ledger.PlaceHold", body)})
+
+
+def _release_hold(ctx: Context, command_id: str, hold_id: str, account: str) -> Routed:
+    return Routed(account, {"command_id": command_id, "client_id": ctx.client_id,
+                            "body": ("ledger.ReleaseHold", {"hold_id": hold_id})})
+
+
+# --- the rules --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    name: str
+    version: int
+    event: type
+    build: Callable[[Any, Context, "RuleSpec"], tuple[Routed, ...]]
+
+    def meta(self, attempt: int, **fields: str) -> dict[str, str]:
+        meta = {"rule": self.name, "rule_version": str(self.version), **fields}
+        if attempt > 1:
+            meta["attempt"] = str(attempt)
+        return meta
+
+
+RULES: dict[type, RuleSpec] = {}
+
+
+def rule(name: str, version: int, event: type):
+    def register(build):
+        RULES[event] = RuleSpec(name, version, event, build)
+        return build
+    return register
+
+
+@rule("deposit_confirmed", 1, DepositConfirmed)
+def _deposit(e: DepositConfirmed, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """Custody receives the money, the user's account is credited."""
+    dep = _business_id(e.deposit_id, "deposit_id")
+    user = _user(e.user, "user")
+    cur = _currency(e.currency, ctx, "currency")
+    amount = to_minor(e.amount, cur, "amount")
+    cid = _command_id(spec.name, dep, _attempt(e.attempt))
+    return (_transaction(ctx, cid, [_leg(custody_account(cur.code), -amount, cur.code),
+                                    _leg(user_account(user, cur.code), amount, cur.code)],
+                         kind="deposit", reference=dep, occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms"),
+                         metadata=spec.meta(e.attempt, deposit_id=dep)),)
+
+
+@rule("withdrawal_requested", 1, WithdrawalRequested)
+def _withdrawal_requested(e: WithdrawalRequested, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """Hold amount + fee on the user's account until the withdrawal completes or fails."""
+    wid = _business_id(e.withdrawal_id, "withdrawal_id")
+    user = _user(e.user, "user")
+    cur = _currency(e.currency, ctx, "currency")
+    total = to_minor(e.amount, cur, "amount") + to_minor(e.fee, cur, "fee", allow_zero=True)
+    cid = _command_id(spec.name, wid, _attempt(e.attempt))
+    return (_place_hold(ctx, cid, withdrawal_hold(wid), user_account(user, cur.code), total,
+                        _time(e.expires_at_ms, "expires_at_ms")),)
+
+
+@rule("withdrawal_completed", 1, WithdrawalCompleted)
+def _withdrawal_completed(e: WithdrawalCompleted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """Capture the whole hold: amount back to custody (it left the wallet), fee to the fee account."""
+    wid = _business_id(e.withdrawal_id, "withdrawal_id")
+    user = _user(e.user, "user")
+    cur = _currency(e.currency, ctx, "currency")
+    amount = to_minor(e.amount, cur, "amount")
+    fee = to_minor(e.fee, cur, "fee", allow_zero=True)
+    cid = _command_id(spec.name, wid, _attempt(e.attempt))
+    legs = [_leg(user_account(user, cur.code), -(amount + fee), cur.code, withdrawal_hold(wid)),
+            _leg(custody_account(cur.code), amount, cur.code),
+            _leg(fee_account(cur.code), fee, cur.code)]
+    return (_transaction(ctx, cid, legs, kind="withdrawal", reference=wid,
+                         occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms"),
+                         metadata=spec.meta(e.attempt, withdrawal_id=wid)),)
+
+
+@rule("withdrawal_failed", 1, WithdrawalFailed)
+def _withdrawal_failed(e: WithdrawalFailed, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """Release the hold: the user gets amount + fee back."""
+    wid = _business_id(e.withdrawal_id, "withdrawal_id")
+    user = _user(e.user, "user")
+    cur = _currency(e.currency, ctx, "currency")
+    cid = _command_id(spec.name, wid, _attempt(e.attempt))
+    return (_release_hold(ctx, cid, withdrawal_hold(wid), user_account(user, cur.code)),)
+
+
+def _side(value: Any) -> str:
+    if value not in ("buy", "sell"):
+        raise InvalidEvent("side", f"must be 'buy' or 'sell', got {value!r}")
+    return value
+
+
+def _pair(base: Any, quote: Any, ctx: Context) -> tuple[Currency, Currency]:
+    b, q = _currency(base, ctx, "base"), _currency(quote, ctx, "quote")
+    if b.code == q.code:
+        raise InvalidEvent("quote", "base and quote must differ")
+    return b, q
+
+
+@rule("order_placed", 1, OrderPlaced)
+def _order_placed(e: OrderPlaced, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """Hold what the order may spend: qty x limit price of quote for a buy (exact), qty of base for a sell."""
+    oid = _business_id(e.order_id, "order_id")
+    user = _user(e.user, "user")
+    side = _side(e.side)
+    base, quote = _pair(e.base, e.quote, ctx)
+    qty = to_minor(e.qty, base, "qty")
+    if side == "buy":
+        if e.limit_price is None:
+            raise InvalidEvent("limit_price", "a buy order needs a limit price to know what to hold")
+        amount = convert(qty, base, quote, ratio(e.limit_price, "limit_price"), "exact", "limit_price")
+        if amount == 0:
+            raise InvalidAmount("limit_price", "qty x limit price is zero")
+        account = user_account(user, quote.code)
+    else:
+        if e.limit_price is not None:
+            ratio(e.limit_price, "limit_price")  # validated, not needed: a sell holds its base quantity
+        amount, account = qty, user_account(user, base.code)
+    cid = _command_id(spec.name, oid, _attempt(e.attempt))
+    return (_place_hold(ctx, cid, order_hold(oid), account, amount, _time(e.expires_at_ms, "expires_at_ms")),)
+
+
+@rule("order_closed", 1, OrderClosed)
+def _order_closed(e: OrderClosed, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """Release what is left of the order's hold (a buy filled below its limit gets the difference back)."""
+    oid = _business_id(e.order_id, "order_id")
+    user = _user(e.user, "user")
+    side = _side(e.side)
+    base, quote = _pair(e.base, e.quote, ctx)
+    account = user_account(user, (quote if side == "buy" else base).code)
+    cid = _command_id(spec.name, oid, _attempt(e.attempt))
+    return (_release_hold(ctx, cid, order_hold(oid), account),)
+
+
+def _party(p: Any, field: str) -> Party:
+    if not isinstance(p, Party):
+        raise InvalidEvent(field, f"must be a Party, got {type(p).__name__}")
+    if p.user is None:
+        if p.order_id is not None:
+            raise InvalidEvent(field, "the bot trades from its liquidity accounts, without an order hold")
+        return p
+    _user(p.user, f"{field}.user")
+    _business_id(p.order_id, f"{field}.order_id")
+    return p
+
+
+@rule("trade_executed", 1, TradeExecuted)
+def _trade(e: TradeExecuted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """One transaction for the fill: both sides pay from their order holds and receive minus their fee.
+
+    The buyer pays qty x price of quote (exact) and receives qty of base minus its fee; the seller delivers
+    qty of base and receives the quote minus its fee; fees go to ``sys:fees:<CUR>``. The bot's side uses
+    ``sys:liquidity:<CUR>`` with plain legs and pays no fee.
+    """
+    tid = _business_id(e.trade_id, "trade_id")
+    base, quote = _pair(e.base, e.quote, ctx)
+    buyer, seller = _party(e.buyer, "buyer"), _party(e.seller, "seller")
+    if buyer.user is None and seller.user is None:
+        raise InvalidEvent("seller", "the bot cannot trade with itself")
+    if e.maker not in ("buyer", "seller"):
+        raise InvalidEvent("maker", f"must be 'buyer' or 'seller', got {e.maker!r}")
+    rounding = _rounding(e.fee_rounding, "fee_rounding")
+    qty = to_minor(e.qty, base, "qty")
+    price = ratio(e.price, "price")
+    notional = convert(qty, base, quote, price, "exact", "price")
+    if notional == 0:
+        raise InvalidAmount("price", "qty x price is zero")
+    maker_rate = ratio(e.maker_fee_rate, "maker_fee_rate", allow_zero=True)
+    taker_rate = ratio(e.taker_fee_rate, "taker_fee_rate", allow_zero=True)
+    buyer_rate, seller_rate = (maker_rate, taker_rate) if e.maker == "buyer" else (taker_rate, maker_rate)
+    buyer_fee = 0 if buyer.user is None else fee_of(qty, buyer_rate, rounding, "buyer fee")
+    seller_fee = 0 if seller.user is None else fee_of(notional, seller_rate, rounding, "seller fee")
+    if buyer_fee > qty or seller_fee > notional:
+        raise InvalidAmount("fee_rate", "a fee larger than what the side receives")
+
+    def acct(party: Party, cur: Currency) -> str:
+        return liquidity_account(cur.code) if party.user is None else user_account(party.user, cur.code)
+
+    def hold(party: Party) -> str | None:
+        return None if party.user is None else order_hold(party.order_id)
+
+    q, b = quote.code, base.code
+    legs = [_leg(acct(buyer, quote), -notional, q, hold(buyer)),
+            _leg(acct(seller, quote), notional - seller_fee, q),
+            _leg(fee_account(q), seller_fee, q),
+            _leg(acct(seller, base), -qty, b, hold(seller)),
+            _leg(acct(buyer, base), qty - buyer_fee, b),
+            _leg(fee_account(b), buyer_fee, b)]
+    meta = spec.meta(e.attempt, trade_id=tid, qty=str(qty), price=e.price if type(e.price) is str else str(e.price),
+                     maker=e.maker, buyer_order=buyer.order_id or "bot", seller_order=seller.order_id or "bot",
+                     buyer_fee=str(buyer_fee), seller_fee=str(seller_fee), fee_rounding=rounding)
+    cid = _command_id(spec.name, tid, _attempt(e.attempt))
+    return (_transaction(ctx, cid, legs, kind="trade", reference=tid, metadata=meta,
+                         occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms")),)
+
+
+@rule("fx_converted", 1, FxConverted)
+def _fx(e: FxConverted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """One transaction in two currencies: the user's source money to sys:fx:<FROM>, sys:fx:<TO> pays out."""
+    xid = _business_id(e.conversion_id, "conversion_id")
+    snapshot = _business_id(e.rate_snapshot_id, "rate_snapshot_id")
+    user = _user(e.user, "user")
+    src, dst = _currency(e.from_currency, ctx, "from_currency"), _currency(e.to_currency, ctx, "to_currency")
+    if src.code == dst.code:
+        raise InvalidEvent("to_currency", "a conversion needs two currencies")
+    amount = to_minor(e.amount, src, "amount")
+    out = convert(amount, src, dst, ratio(e.rate, "rate"), _rounding(e.rounding, "rounding"), "rate")
+    if out == 0:
+        raise InvalidAmount("rate", "the converted amount is zero")
+    legs = [_leg(user_account(user, src.code), -amount, src.code),
+            _leg(fx_account(src.code), amount, src.code),
+            _leg(fx_account(dst.code), -out, dst.code),
+            _leg(user_account(user, dst.code), out, dst.code)]
+    meta = spec.meta(e.attempt, conversion_id=xid, rate=str(e.rate), rounding=e.rounding)
+    cid = _command_id(spec.name, xid, _attempt(e.attempt))
+    return (_transaction(ctx, cid, legs, kind="fx", reference=xid, metadata=meta, rate_snapshot_id=snapshot,
+                         occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms")),)
+
+
+@rule("internal_transfer", 1, InternalTransfer)
+def _transfer(e: InternalTransfer, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    tid = _business_id(e.transfer_id, "transfer_id")
+    src, dst = _user(e.from_user, "from_user"), _user(e.to_user, "to_user")
+    if src == dst:
+        raise InvalidEvent("to_user", "a transfer needs two users")
+    cur = _currency(e.currency, ctx, "currency")
+    amount = to_minor(e.amount, cur, "amount")
+    cid = _command_id(spec.name, tid, _attempt(e.attempt))
+    return (_transaction(ctx, cid, [_leg(user_account(src, cur.code), -amount, cur.code),
+                                    _leg(user_account(dst, cur.code), amount, cur.code)],
+                         kind="transfer", reference=tid, metadata=spec.meta(e.attempt, transfer_id=tid),
+                         occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms")),)
+
+
+RULE_VERSIONS: dict[str, int] = {spec.name: spec.version for spec in RULES.values()}
+
+
+def plan(event: Event, ctx: Context = DEFAULT_CONTEXT) -> Plan:
+    """The commands for one business event. Raises a RuleError for an event the rule cannot accept."""
+    spec = RULES.get(type(event))
+    if spec is None:
+        raise TypeError(f"no rule for {type(event).__name__}")
+    return Plan(spec.name, spec.version, spec.build(event, ctx, spec))
+
+
+def next_attempt(event: Event, result: dict[str, Any]) -> Event | None:
+    """What to send after a definitive result: the same event (transient), the next attempt, or nothing.
+
+    ``result`` is a decoded Result record. Accepted, duplicate of an acceptance, or a business rejection
+    (insufficient funds, hold not open, ...): None. ``in_flight`` (not remembered): the same event again.
+    ``unknown_hold`` / ``unknown_account`` (the command overtook the one it depends on): attempt + 1.
+    """
+    reason = result.get("reason")
+    if result.get("outcome") != "rejected" or reason is None:
+        return None
+    if reason in TRANSIENT_REASONS:
+        return event
+    if reason in ORDERING_REASONS:
+        return dataclasses.replace(event, attempt=event.attempt + 1)
+    return None

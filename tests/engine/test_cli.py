@@ -1,0 +1,55 @@
+"""`ledger submit` on JSON Lines files with bad lines: clear per-line errors, the good lines still sent."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.engine.test_end_to_end import latest_balances
+from tests.harness import ROOT
+
+
+def submit(settings, text: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap, "LEDGER_TOPIC_PREFIX": settings.prefix}
+    return subprocess.run([sys.executable, "-m", "connectors.cli", "submit", "-", "--client-id", "cli-test", *args],
+                          input=text, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def test_the_example_file_is_accepted(settings, start_worker):
+    start_worker()
+    done = submit(settings, (ROOT / "examples/commands.jsonl").read_text())
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "7 sent, 0 bad lines; accepted 7" in done.stdout
+    balances = latest_balances(settings)
+    assert balances["user:ann:USD"]["posted"] == str(10_000 - 1_234 - 2_000)
+    assert balances["user:ann:USD"]["held"] == "0"
+
+
+def test_bad_lines_are_reported_and_good_lines_still_sent(settings, start_worker):
+    start_worker()
+    lines = [
+        '{"type": "open", "account": "user:kim:USD", "currency": "USD"}',
+        'not json',
+        '{"type": "post", "id": "p1", "legs": [{"account": "sys:world:USD", "amount": "-1.001"}, '
+        '{"account": "user:kim:USD", "amount": "1.001"}]}',
+        '{"type": "teleport"}',
+        '{"type": "post", "id": "p2", "legs": [{"account": "sys:world:USD", "amount": 5}, '
+        '{"account": "user:kim:USD", "amount": "5"}]}',
+        '',
+        '{"type": "post", "id": "dep", "kind": "deposit", "legs": [{"account": "sys:world:USD", "amount": "-7.50"}, '
+        '{"account": "user:kim:USD", "amount": "7.50"}]}',
+        '{"type": "post", "id": "over", "legs": [{"account": "user:kim:USD", "amount": "-100"}, '
+        '{"account": "sys:world:USD", "amount": "100"}]}',
+    ]
+    done = submit(settings, "\n".join(lines), "--json")
+    assert done.returncode == 1
+    errors = done.stderr.splitlines()
+    assert any(e.startswith("line 2: not JSON") for e in errors)
+    assert any(e.startswith("line 3:") and "precision_exceeded" in e for e in errors)
+    assert any(e.startswith("line 4: unknown type 'teleport'") for e in errors)
+    assert any(e.startswith("line 5:") and "decimal string" in e for e in errors)
+    results = {r["line"]: r for r in map(json.loads, done.stdout.splitlines())}
+    assert results[1]["outcome"] == results[7]["outcome"] == "accepted"
+    assert results[8]["reason"] == "insufficient_funds"
+    assert latest_balances(settings)["user:kim:USD"]["posted"] == "750"

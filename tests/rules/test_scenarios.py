@@ -1,0 +1,168 @@
+"""Each business-event rule, end to end through the partition processors (DESIGN.md §8, issue 6)."""
+from __future__ import annotations
+
+import dataclasses
+
+from connectors import rules
+from connectors.rules import DepositConfirmed, WithdrawalCompleted
+from tests.rules.scenario import Scenario, in_different_partitions
+
+# alice and bob live in different partitions, so their trades are multi-partition transactions.
+assert in_different_partitions("alice", "bob")
+FEES = ("0.001", "0.001")  # maker, taker: 0.1 %
+
+
+def test_worked_example_of_design_section_8():
+    s = (Scenario().users("alice", "bob")
+         .deposit("d-alice", "alice", "USDT", "40000")
+         .deposit("d-bob", "bob", "BTC", "0.2")
+         .order_placed("bid-1", "alice", "buy", "0.5", "60000")
+         .assert_balances({"alice:USDT": ("40000", "30000")})
+         .order_placed("ask-1", "bob", "sell", "0.2", "59900")
+         .trade("fill-1", "0.2", "59900", buyer=("alice", "bid-1"), seller=("bob", "ask-1"), maker="seller",
+                fees=FEES)
+         .assert_balances({"alice:USDT": ("28020", "18020"), "alice:BTC": "0.1998",
+                           "bob:USDT": "11968.02", "bob:BTC": "0",
+                           "sys:fees:USDT": "11.98", "sys:fees:BTC": "0.0002"})
+         .assert_hold("order:ask-1", "bob:BTC", "captured"))
+    # The fill is one transaction (six legs, two partitions) with the rule recorded on it.
+    assert len(s.history("trade_executed:fill-1")) == 6
+    metadata = s.last_plan.commands[0].record["body"][1]["metadata"]
+    assert (metadata["rule"], metadata["rule_version"]) == ("trade_executed", "1")
+    (s.order_closed("bid-1", "alice", "buy")      # the user cancels the rest: 18,020 comes back
+     .assert_balances({"alice:USDT": "28020", "alice:BTC": "0.1998", "bob:USDT": "11968.02",
+                       "sys:custody:USDT": "-40000", "sys:custody:BTC": "-0.2"}))
+    s.order_closed("ask-1", "bob", "sell", expect="hold_not_open")  # fully filled: nothing left to release
+
+
+def test_limit_bid_filled_below_its_limit_then_cancelled_gets_the_price_improvement_back():
+    (Scenario().users("alice", "bob")
+     .deposit("d1", "alice", "USDT", "40000")
+     .deposit("d2", "bob", "BTC", "1")
+     .order_placed("bid", "alice", "buy", "0.5", "60000")        # holds 30,000
+     .order_placed("ask", "bob", "sell", "0.5", "59000")
+     .trade("t1", "0.3", "59000", buyer=("alice", "bid"), seller=("bob", "ask"))   # 17,700
+     .trade("t2", "0.2", "58500", buyer=("alice", "bid"), seller=("bob", "ask"))   # 11,700
+     .assert_hold("order:bid", "alice:USDT", "open", remaining="600")
+     .assert_balances({"alice:USDT": ("10600", "600"), "alice:BTC": "0.5",
+                       "bob:USDT": "29400", "bob:BTC": "0.5"})
+     .order_closed("bid", "alice", "buy")                         # cancelled: 600 comes back
+     .assert_hold("order:bid", "alice:USDT", "released")
+     .assert_balances({"alice:USDT": ("10600", "0")}))
+
+
+def test_trades_against_the_exchanges_bot_use_liquidity_accounts_without_holds():
+    (Scenario().users("alice")
+     .deposit("d1", "alice", "USDT", "1000")
+     .order_placed("bid", "alice", "buy", "0.01", "60000")       # 600
+     .trade("t1", "0.01", "59000", buyer=("alice", "bid"), seller="bot", maker="seller", fees=FEES)
+     .assert_balances({"alice:USDT": ("410", "10"), "alice:BTC": "0.00999",
+                       "sys:liquidity:USDT": "590", "sys:liquidity:BTC": "-0.01",
+                       "sys:fees:BTC": "0.00001", "sys:fees:USDT": "0"})
+     .order_closed("bid", "alice", "buy")
+     .order_placed("ask", "alice", "sell", "0.005", "70000")
+     .trade("t2", "0.005", "70000", buyer="bot", seller=("alice", "ask"), maker="buyer", fees=FEES)
+     .assert_balances({"alice:USDT": "759.65", "alice:BTC": "0.00499",
+                       "sys:liquidity:USDT": "240", "sys:liquidity:BTC": "-0.005",
+                       "sys:fees:USDT": "0.35", "sys:fees:BTC": "0.00001"}))
+
+
+def test_a_deposit_delivered_twice_is_credited_once():
+    s = (Scenario().users("alice")
+         .deposit("chain-tx-9", "alice", "BTC", "1.5")
+         .deposit("chain-tx-9", "alice", "BTC", "1.5", duplicate=True)
+         .assert_balances({"alice:BTC": "1.5", "sys:custody:BTC": "-1.5"}))
+    assert len(s.history("deposit_confirmed:chain-tx-9")) == 2  # two legs, once
+    # The same deposit id with another amount is a conflict, not a second credit.
+    s.deposit("chain-tx-9", "alice", "BTC", "2", expect="id_conflict").assert_balances({"alice:BTC": "1.5"})
+
+
+def test_a_failed_withdrawal_report_delivered_twice_releases_once():
+    s = (Scenario().users("bob")
+         .deposit("d1", "bob", "USDT", "500")
+         .withdrawal_requested("w1", "bob", "USDT", "300", fee="1")
+         .assert_balances({"bob:USDT": ("500", "301")})
+         .withdrawal_failed("w1", "bob", "USDT")
+         .withdrawal_failed("w1", "bob", "USDT", duplicate=True)       # same report again: the stored answer
+         .withdrawal_failed("w1", "bob", "USDT", attempt=2, expect="hold_not_open")  # even as a new attempt
+         .assert_balances({"bob:USDT": ("500", "0"), "sys:custody:USDT": "-500"}))
+    assert len(s.history(kind="hold_released", hold_id="withdrawal:w1")) == 1
+
+
+def test_a_completed_withdrawal_pays_custody_and_the_fee():
+    (Scenario().users("bob")
+     .deposit("d1", "bob", "BTC", "1")
+     .withdrawal_requested("w1", "bob", "BTC", "0.4", fee="0.0005")
+     .withdrawal_completed("w1", "bob", "BTC", "0.4", fee="0.0005")
+     .assert_hold("withdrawal:w1", "bob:BTC", "captured")
+     .assert_balances({"bob:BTC": "0.5995", "sys:custody:BTC": "-0.6", "sys:fees:BTC": "0.0005"})
+     .withdrawal_failed("w1", "bob", "BTC", expect="hold_not_open"))  # a late failure report changes nothing
+
+
+def test_a_withdrawal_completion_that_overtakes_its_request():
+    s = Scenario().users("bob").deposit("d1", "bob", "USDT", "100")
+    completed = WithdrawalCompleted("w7", "bob", "USDT", "60")
+    s.send(completed, expect="unknown_hold")                         # rejected cleanly: nothing posted
+    s.assert_balances({"bob:USDT": "100", "sys:custody:USDT": "-100"})
+    s.withdrawal_requested("w7", "bob", "USDT", "60")
+    s.send(completed, expect="unknown_hold", duplicate=True)         # the inbox remembers the rejection
+    retry = rules.next_attempt(completed, s.last[0])
+    assert retry == dataclasses.replace(completed, attempt=2)
+    s.send(retry).assert_balances({"bob:USDT": "40", "sys:custody:USDT": "-40"})
+    assert s.last[0]["command_id"] == "withdrawal_completed:w7#2"
+    s.send(retry, duplicate=True)                                    # the retry redelivered: no second capture
+    s.send(dataclasses.replace(completed, attempt=3), expect="hold_not_open")  # a hold settles once (P5)
+    assert rules.next_attempt(retry, s.last[0]) is None
+    s.assert_balances({"bob:USDT": "40", "sys:custody:USDT": "-40"})
+
+
+def test_a_deposit_before_its_account_is_opened_is_retried_as_a_new_attempt():
+    s = Scenario()
+    deposit = DepositConfirmed("d1", "erin", "USDT", "10")
+    s.send(deposit, expect="unknown_account")
+    s.users("erin")
+    s.send(rules.next_attempt(deposit, s.last[0])).assert_balances({"erin:USDT": "10"})
+
+
+def test_fx_conversion_is_one_transaction_in_two_currencies_with_its_rate_snapshot():
+    s = (Scenario().users("alice")
+         .deposit("d1", "alice", "USDT", "1000")
+         .fx("x1", "alice", "USDT", "BTC", "600", "0.0000125", "snap-42")
+         .assert_balances({"alice:USDT": "400", "alice:BTC": "0.0075",
+                           "sys:fx:USDT": "600", "sys:fx:BTC": "-0.0075"}))
+    legs = s.history("fx_converted:x1")
+    assert sorted(h["currency"] for h in legs) == ["BTC", "BTC", "USDT", "USDT"]
+    body = s.last_plan.commands[0].record["body"][1]
+    assert body["rate_snapshot_id"] == "snap-42" and body["metadata"]["rule"] == "fx_converted"
+    s.fx("x2", "alice", "USDT", "BTC", "1000", "0.0000125", "snap-43", expect="insufficient_funds")
+
+
+def test_internal_transfer_between_users_in_different_partitions():
+    (Scenario().users("alice", "bob")
+     .deposit("d1", "alice", "USDT", "50")
+     .transfer("gift-1", "alice", "bob", "USDT", "20")
+     .transfer("gift-1", "alice", "bob", "USDT", "20")   # redelivered
+     .assert_balances({"alice:USDT": "30", "bob:USDT": "20"})
+     .transfer("gift-2", "alice", "bob", "USDT", "31", expect="insufficient_funds"))
+
+
+def test_an_order_cannot_spend_more_than_it_held():
+    (Scenario().users("alice", "bob")
+     .deposit("d1", "alice", "USDT", "1000")
+     .deposit("d2", "bob", "BTC", "1")
+     .order_placed("bid", "alice", "buy", "0.01", "60000")     # 600 held
+     .order_placed("ask", "bob", "sell", "0.02", "60000")
+     .trade("t1", "0.01", "61000", buyer=("alice", "bid"), seller=("bob", "ask"), expect="capture_exceeds_hold")
+     .assert_balances({"alice:USDT": ("1000", "600"), "bob:BTC": ("1", "0.02")})
+     .order_placed("big", "alice", "buy", "1", "60000", expect="insufficient_funds"))
+
+
+def test_a_rule_upgrade_does_not_post_a_replayed_event_twice():
+    old = Scenario().users("alice").deposit("d1", "alice", "USDT", "5")
+    spec = rules.RULES[DepositConfirmed]
+    rules.RULES[DepositConfirmed] = dataclasses.replace(spec, version=2)
+    try:
+        old.deposit("d1", "alice", "USDT", "5", expect="id_conflict")  # same inbox key, other metadata
+    finally:
+        rules.RULES[DepositConfirmed] = spec
+    old.assert_balances({"alice:USDT": "5"})
