@@ -56,7 +56,7 @@ class Projector:
             "enable.auto.offset.store": False, "isolation.level": "read_committed",
             # A stored offset below the log start (it cannot happen with the ledger's retention) re-reads
             # from the earliest record: re-applying is harmless, skipping would not be.
-            "auto.offset.reset": "earliest", "fetch.max.bytes": 64 * 1024 * 1024,
+            "auto.offset.reset": "earliest", "fetch.wait.max.ms": 100, "fetch.max.bytes": 64 * 1024 * 1024,
             "queued.max.messages.kbytes": 256 * 1024})
         stored = store.offsets()
         self._next: dict[TopicPartitionKey, int] = dict(stored)
@@ -65,12 +65,18 @@ class Projector:
             for p in range(settings.partitions):
                 key = (t, p)
                 offset = (start or {}).get(key, stored.get(key, OFFSET_BEGINNING))
+                if offset > self._next.get(key, 0):
+                    self._next[key] = offset  # a replay from a later offset: everything before counts as read
                 if until is not None and until.get(key, 0) <= max(offset, 0):
                     continue  # nothing to read there
                 assignment.append(TopicPartition(settings.topic(t), p, offset))
         self._assigned = {(self._names[tp.topic], tp.partition) for tp in assignment}
         if assignment:
             self._consumer.assign(assignment)
+        # End offsets come from a consumer of their own: on the fetching consumer's connection a ListOffsets
+        # request waits behind the long-poll fetches (500 ms each by default: 24 partitions, 12 s).
+        self._meta = Consumer({**settings.kafka_config(), "group.id": f"projector-meta-{uuid.uuid4()}",
+                               "enable.auto.commit": False, "isolation.level": "read_committed"})
         self._last_end_check = 0.0
         self._ends: dict[TopicPartitionKey, int] = {}
 
@@ -80,7 +86,7 @@ class Projector:
         ends = {}
         for t in self.topics:
             for p in range(self.settings.partitions):
-                ends[(t, p)] = _watermark(self._consumer, self.settings.topic(t), p)
+                ends[(t, p)] = _watermark(self._meta, self.settings.topic(t), p)
         return ends
 
     def positions(self) -> dict[TopicPartitionKey, int]:
@@ -161,6 +167,7 @@ class Projector:
 
     def close(self) -> None:
         self._consumer.close()
+        self._meta.close()
 
 
 def _watermark(consumer: Consumer, topic: str, partition: int, attempts: int = 50) -> int:

@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS results (client_id TEXT NOT NULL, command_id TEXT NOT
     reason TEXT, detail TEXT NOT NULL, transaction_id TEXT, at_ms INTEGER NOT NULL, holds TEXT NOT NULL,
     PRIMARY KEY (client_id, command_id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS results_at ON results (at_ms);
+CREATE INDEX IF NOT EXISTS results_outcome ON results (outcome, reason);
 CREATE INDEX IF NOT EXISTS results_transaction ON results (transaction_id) WHERE transaction_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS holds (hold_id TEXT PRIMARY KEY, account_id TEXT NOT NULL, amount TEXT NOT NULL,
     captured TEXT NOT NULL, released TEXT NOT NULL, status TEXT NOT NULL, expires_at_ms INTEGER,
