@@ -88,6 +88,12 @@ class LedgerClient:
                 self._producer.poll(0.05)
         self._producer.poll(0)
 
+    def submit(self, plan) -> list[str]:
+        """Send every command of a business-event rule's plan (connectors.rules); returns their ids."""
+        for routing_account, record in plan:
+            self.send_raw(self._codec.encode("command", record), routing_account)
+        return list(plan.command_ids)
+
     def flush(self) -> None:
         self._producer.flush(30)
 

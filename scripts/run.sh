@@ -33,7 +33,7 @@ if [ -z "${KAFKA_BOOTSTRAP:-}" ]; then
 fi
 "$BIN/ledger" topics create || exit 1
 
-LEDGER_DATA_DIR=$STATE/worker-1 "$BIN/ledger" worker >"$STATE/worker-1.log" 2>&1 &
+LEDGER_METRICS_PORT=${LEDGER_METRICS_PORT:-9108} LEDGER_DATA_DIR=$STATE/worker-1 "$BIN/ledger" worker >"$STATE/worker-1.log" 2>&1 &
 pids+=($!)
 echo "run.sh: worker started (log: $STATE/worker-1.log)"
 "$BIN/ledger" loadgen --rate "${LEDGER_DEMO_RATE:-50}" &
