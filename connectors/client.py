@@ -19,6 +19,15 @@ from streams import routing
 from streams.config import Settings
 
 
+class ClientValidationError(ValueError):
+    """A command the client refuses to send (it could never be accepted): the message says why."""
+
+
+def _require_id(value: str, name: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ClientValidationError(f"{name} must be a non-empty string")
+
+
 @dataclass(frozen=True, slots=True)
 class Leg:
     account_id: str
@@ -27,7 +36,11 @@ class Leg:
     currency: str | None = None
 
     def wire(self) -> dict[str, Any]:
-        assert type(self.amount_minor) is int, "amounts are integers of minor units"
+        if type(self.amount_minor) is not int:
+            raise ClientValidationError(f"amount of {self.account_id} must be an int of minor units, "
+                                        f"got {type(self.amount_minor).__name__}")
+        if self.amount_minor == 0:
+            raise ClientValidationError(f"leg on {self.account_id} moves no money")
         return {"account_id": self.account_id, "amount": str(self.amount_minor), "hold_id": self.hold_id,
                 "currency": self.currency}
 
@@ -73,6 +86,7 @@ class LedgerClient:
 
     # --- sending --------------------------------------------------------------------------------------------
     def send(self, command_id: str, body_name: str, body: dict[str, Any], routing_account: str) -> str:
+        _require_id(command_id, "command_id")
         record = {"command_id": command_id, "client_id": self.client_id, "body": (f"ledger.{body_name}", body)}
         self.send_raw(self._codec.encode("command", record), routing_account)
         return command_id
@@ -108,6 +122,8 @@ class LedgerClient:
              reference: str | None = None, links: Iterable[str] = (), metadata: dict[str, str] | None = None,
              occurred_at_ms: int | None = None, command_id: str | None = None) -> str:
         legs = list(legs)
+        if len(legs) < 2:
+            raise ClientValidationError("a transaction needs at least two legs")
         body = {"transaction_id": transaction_id, "legs": [leg.wire() for leg in legs], "kind": kind,
                 "reference": reference, "links": list(links), "metadata": dict(metadata or {}),
                 "occurred_at_ms": occurred_at_ms, "rate_snapshot_id": None}
@@ -117,6 +133,8 @@ class LedgerClient:
 
     def place_hold(self, hold_id: str, account_id: str, amount_minor: int, *, expires_at_ms: int | None = None,
                    command_id: str | None = None) -> str:
+        if type(amount_minor) is not int or amount_minor <= 0:
+            raise ClientValidationError(f"a hold amount must be a positive int of minor units, got {amount_minor!r}")
         body = {"hold_id": hold_id, "account_id": account_id, "amount": str(amount_minor),
                 "expires_at_ms": expires_at_ms}
         return self.send(command_id or f"hold:{hold_id}", "PlaceHold", body, account_id)

@@ -1,0 +1,310 @@
+"""The read API and the live dashboard (`ledger api`), over the read store only: it never writes to Kafka.
+
+Every answer comes from the SQLite store the projector fills (in this process when started with
+`projector=True`, else by a `ledger projector` elsewhere). Amounts are exact decimal strings of minor units
+plus the formatted decimal of the currency's scale. Errors are JSON `{"error": {"code", "message"}}` with
+stable codes:
+
+  404 unknown_account, unknown_transaction, unknown_command, unknown_seq, not_found (no such route)
+  400 sharded_account (a per-account sequence asked of a summed system account: ask a shard)
+  422 invalid_parameter (malformed or contradictory query parameters)
+  504 not_caught_up (read-your-writes: the projection did not reach min_seq in time)
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from projections.metrics import ReadSideCollector, StatsCache, money
+from projections.store import Store
+from streams import routing
+from streams.config import Settings
+
+MAX_PAGE = 1000  # larger page sizes are capped, not refused (the response says which limit applied)
+DASHBOARD = Path(__file__).resolve().parent / "dashboard"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, **extra}}, status_code=status)
+
+
+def _view(row) -> dict[str, Any]:
+    cur = row["currency"]
+    out = {"account_id": row["account_id"], "currency": cur, "status": row["status"],
+           "posted": money(int(row["posted"]), cur), "held": money(int(row["held"]), cur),
+           "available": money(int(row["available"]), cur), "seq": row["seq"],
+           "last_transaction_id": row["last_transaction_id"], "updated_at_ms": row["updated_at_ms"]}
+    if row["shards"] > 1 or routing.is_system(row["account_id"]):
+        out["shards"] = row["shards"]
+    return out
+
+
+def _entry(row) -> dict[str, Any]:
+    cur = row["currency"]
+    return {"entry_id": row["entry_id"], "account_id": row["account_id"], "seq": row["seq"], "currency": cur,
+            "amount": money(int(row["amount"]), cur), "posted_after": money(int(row["posted_after"]), cur),
+            "held_after": money(int(row["held_after"]), cur), "transaction_id": row["transaction_id"],
+            "kind": row["kind"], "reference": row["reference"], "hold_id": row["hold_id"],
+            "occurred_at_ms": row["occurred_at_ms"], "at_ms": row["at_ms"], "client_id": row["client_id"],
+            "command_id": row["command_id"]}
+
+
+def create_app(db_path: str | Path, settings: Settings | None = None, *, projector: bool = False,
+               min_seq_timeout_s: float = 5.0) -> FastAPI:
+    """The API over the store at db_path. projector=True also runs the projector in a thread (needs settings)."""
+    db_path = Path(db_path)
+    # The writer creates the schema; a reader needs it to exist before its first query.
+    Store(db_path, settings.prefix if settings else None).close()
+    store = Store(db_path, readonly=True)
+    stats = StatsCache(store)
+    registry = CollectorRegistry()
+    registry.register(ReadSideCollector(stats))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        stop = threading.Event()
+        thread = None
+        if projector:
+            from projections.projector import run
+
+            assert settings is not None, "the projector needs the Kafka settings"
+            thread = threading.Thread(target=run, args=(settings, db_path, stop), name="projector", daemon=True)
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join(10)
+
+    app = FastAPI(title="Ledger read API", version="1", lifespan=lifespan,
+                  description="Balances, history, holds, transactions and command results from the read store. "
+                              "Read-only. " + (__doc__ or "").split("stable codes:")[-1])
+    app.state.store = store
+    app.state.stats = stats
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return _error(exc.status, exc.code, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        problems = [{"parameter": ".".join(str(p) for p in e["loc"][1:]), "problem": e["msg"]} for e in exc.errors()]
+        text = "; ".join(f"{p['parameter']}: {p['problem']}" for p in problems)
+        return _error(422, "invalid_parameter", text, details=problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else "http_error"
+        return _error(exc.status_code, code, str(exc.detail))
+
+    # --- helpers ---------------------------------------------------------------------------------------------
+    def account_or_404(account_id: str):
+        row = store.view(account_id)
+        if row is None:
+            raise ApiError(404, "unknown_account", f"no account {account_id!r} in the read store")
+        return row
+
+    async def caught_up(account_id: str, min_seq: int | None):
+        """Read-your-writes: wait (bounded) until the projection has the account at min_seq or later."""
+        if min_seq is None:
+            return account_or_404(account_id)
+        deadline = time.monotonic() + min_seq_timeout_s
+        while True:
+            row = store.view(account_id)
+            if row is not None and row["seq"] >= min_seq:
+                return row
+            if time.monotonic() >= deadline:
+                have = None if row is None else row["seq"]
+                raise ApiError(504, "not_caught_up", f"{account_id} is at seq {have} in the read store, not "
+                                                     f"{min_seq}, after {min_seq_timeout_s:g} s")
+            await asyncio.sleep(0.02)
+
+    def single_sequence(row) -> None:
+        if row["shards"] > 1 or (routing.is_system(row["account_id"]) and routing.SHARD_MARK not in row["account_id"]):
+            shards = [s["account_id"] for s in store.shards(row["account_id"])]
+            raise ApiError(400, "sharded_account", f"{row['account_id']} is the sum of shards with their own "
+                                                   f"seqs; ask one of {shards}")
+
+    # --- accounts --------------------------------------------------------------------------------------------
+    @app.get("/accounts/{account_id}", summary="Balance view (system accounts summed over their shards)")
+    async def get_account(account_id: str, min_seq: int | None = Query(None, ge=0)):
+        row = await caught_up(account_id, min_seq)
+        view = _view(row)
+        if "shards" in view:
+            view["shard_views"] = [_view({**dict(s), "shards": 1}) for s in store.shards(account_id)]
+        return view
+
+    @app.get("/accounts/{account_id}/history", summary="Account journal, oldest first, cursor = last seq seen")
+    async def get_history(account_id: str, cursor: int | None = Query(None, ge=0),
+                          limit: int = Query(100, ge=1), min_seq: int | None = Query(None, ge=0)):
+        row = await caught_up(account_id, min_seq)
+        single_sequence(row)
+        limit = min(limit, MAX_PAGE)
+        rows = store.conn.execute("SELECT * FROM history WHERE account_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                                  (account_id, cursor or 0, limit + 1)).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return {"account_id": account_id, "limit": limit, "entries": [_entry(r) for r in rows],
+                "next_cursor": str(rows[-1]["seq"]) if more else None}
+
+    @app.get("/accounts/{account_id}/balance", summary="Balance as of a business time or as of a seq")
+    async def get_balance_as_of(account_id: str, as_of_ms: int | None = Query(None),
+                                as_of_seq: int | None = Query(None, ge=0), min_seq: int | None = Query(None, ge=0)):
+        if (as_of_ms is None) == (as_of_seq is None):
+            raise ApiError(422, "invalid_parameter", "give exactly one of as_of_ms and as_of_seq")
+        row = await caught_up(account_id, min_seq)
+        cur = row["currency"]
+        if as_of_seq is not None:
+            single_sequence(row)
+            if as_of_seq > row["seq"]:
+                raise ApiError(404, "unknown_seq", f"{account_id} is at seq {row['seq']}, not {as_of_seq}, "
+                                                   "in the read store (min_seq waits for it)")
+            entry = store.conn.execute("SELECT * FROM history WHERE account_id = ? AND seq <= ? ORDER BY seq DESC "
+                                       "LIMIT 1", (account_id, as_of_seq)).fetchone()
+            posted, held = (0, 0) if entry is None else (int(entry["posted_after"]), int(entry["held_after"]))
+            return {"account_id": account_id, "currency": cur, "as_of_seq": as_of_seq, "posted": money(posted, cur),
+                    "held": money(held, cur), "available": money(posted - held, cur)}
+        # By business time: Σ legs that occurred by then (back-dated entries count where they belong); held
+        # has no business time, so it is the held amount recorded (log time) by then.
+        posted = held = 0
+        ids = [s["account_id"] for s in store.shards(account_id)] or [account_id]
+        for shard in ids:
+            posted += sum(int(r[0]) for r in store.conn.execute(
+                "SELECT amount FROM history WHERE account_id = ? AND occurred_at_ms <= ?", (shard, as_of_ms)))
+            last = store.conn.execute("SELECT held_after FROM history WHERE account_id = ? AND at_ms <= ? "
+                                      "ORDER BY seq DESC LIMIT 1", (shard, as_of_ms)).fetchone()
+            held += int(last[0]) if last else 0
+        return {"account_id": account_id, "currency": cur, "as_of_ms": as_of_ms, "posted": money(posted, cur),
+                "held": money(held, cur), "available": money(posted - held, cur)}
+
+    @app.get("/accounts/{account_id}/holds", summary="Holds on the account (open ones by default)")
+    async def get_holds(account_id: str, status: str = Query("open", pattern="^(open|all)$"),
+                        min_seq: int | None = Query(None, ge=0)):
+        row = await caught_up(account_id, min_seq)
+        cur = row["currency"]
+        sql = "SELECT * FROM holds WHERE account_id = ?" + (" AND status = 'open'" if status == "open" else "")
+        holds = []
+        for h in store.conn.execute(sql + " ORDER BY hold_id", (account_id,)):
+            amount, captured, released = int(h["amount"]), int(h["captured"]), int(h["released"])
+            holds.append({"hold_id": h["hold_id"], "status": h["status"], "amount": money(amount, cur),
+                          "captured": money(captured, cur), "released": money(released, cur),
+                          "remaining": money(amount - captured - released, cur),
+                          "expires_at_ms": h["expires_at_ms"], "updated_at_ms": h["updated_at_ms"]})
+        return {"account_id": account_id, "holds": holds}
+
+    # --- transactions and commands ---------------------------------------------------------------------------
+    @app.get("/transactions/{transaction_id}", summary="A transaction's legs and status")
+    async def get_transaction(transaction_id: str, client_id: str | None = None):
+        where, args = "transaction_id = ?", [transaction_id]
+        if client_id is not None:
+            where, args = where + " AND client_id IN (?, ?)", args + [client_id, routing.ENGINE_CLIENT]
+        entries = store.conn.execute(f"SELECT * FROM history WHERE {where} ORDER BY at_ms, account_id, seq",
+                                     args).fetchall()
+        results = store.conn.execute(f"SELECT * FROM results WHERE {where} ORDER BY at_ms", args).fetchall()
+        if not entries and not results:
+            raise ApiError(404, "unknown_transaction", f"no transaction {transaction_id!r} in the read store")
+        legs = [_entry(e) for e in entries if e["amount"] != "0"]
+        in_clearing: dict[str, int] = {}
+        for e in entries:
+            if routing.unsharded(e["account_id"]).startswith("sys:clearing:"):
+                in_clearing[e["currency"]] = in_clearing.get(e["currency"], 0) + int(e["amount"])
+        client_results = [r for r in results if r["client_id"] != routing.ENGINE_CLIENT]
+        if not legs:
+            rejected = [r for r in client_results if r["outcome"] == "rejected"]
+            status = "rejected" if rejected else "pending"
+        elif any(r["command_id"].endswith("~return") for r in results):
+            status = "returned"  # a credit could not apply; the money went back to the payer
+        else:
+            status = "in_flight" if any(in_clearing.values()) else "posted"
+        return {"transaction_id": transaction_id, "status": status, "legs": legs,
+                "in_clearing": [money(v, c) for c, v in sorted(in_clearing.items()) if v],
+                "results": [_result(r) for r in client_results]}
+
+    @app.get("/commands/{client_id}/{command_id:path}", summary="The decision for a command (not duplicates)")
+    async def get_command(client_id: str, command_id: str):
+        row = store.conn.execute("SELECT * FROM results WHERE client_id = ? AND command_id = ?",
+                                 (client_id, command_id)).fetchone()
+        if row is None:
+            raise ApiError(404, "unknown_command", f"no result for {client_id}/{command_id} in the read store")
+        return _result(row)
+
+    # --- dashboard, live events, metrics ---------------------------------------------------------------------
+    @app.get("/api/snapshot", include_in_schema=False)
+    async def snapshot(limit: int = Query(300, ge=1)):
+        rows = store.conn.execute("SELECT * FROM account_views ORDER BY updated_at_ms DESC, account_id LIMIT ?",
+                                  (min(limit, MAX_PAGE),)).fetchall()
+        return {"prefix": settings.prefix if settings else None, "accounts": [_view(r) for r in rows],
+                "stats": stats.get()}
+
+    @app.get("/api/stats", include_in_schema=False)
+    async def get_stats():
+        return stats.get()
+
+    @app.get("/events", summary="Server-sent events: `balances` (changed account views) and `stats` (1/s)")
+    async def events(request: Request, since: int | None = Query(None, ge=0), max_s: float | None = Query(None, gt=0)):
+        async def stream():
+            version = store.version() if since is None else since
+            started = time.monotonic()
+            last_stats = 0.0
+            yield "retry: 2000\n\n"
+            while max_s is None or time.monotonic() - started < max_s:
+                if await request.is_disconnected():
+                    return
+                rows = store.conn.execute("SELECT * FROM account_views WHERE version > ? ORDER BY version LIMIT 500",
+                                          (version,)).fetchall()
+                if rows:
+                    version = max(r["version"] for r in rows)
+                    yield f"event: balances\nid: {version}\ndata: {json.dumps([_view(r) for r in rows])}\n\n"
+                if time.monotonic() - last_stats >= 1.0:
+                    last_stats = time.monotonic()
+                    yield f"event: stats\ndata: {json.dumps(stats.get())}\n\n"
+                await asyncio.sleep(0.25)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics():
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def dashboard():
+        return FileResponse(DASHBOARD / "index.html")
+
+    app.mount("/static", StaticFiles(directory=DASHBOARD), name="static")
+    return app
+
+
+def _result(row) -> dict[str, Any]:
+    return {"client_id": row["client_id"], "command_id": row["command_id"], "outcome": row["outcome"],
+            "reason": row["reason"], "detail": row["detail"], "transaction_id": row["transaction_id"],
+            "at_ms": row["at_ms"], "holds": json.loads(row["holds"])}
+
+
+def serve(settings: Settings, db_path: str | Path, host: str = "127.0.0.1", port: int = 8080,
+          projector: bool = True) -> None:
+    """`ledger api`: the API and dashboard (and by default the projector in a thread)."""
+    import uvicorn
+
+    app = create_app(db_path, settings, projector=projector)
+    print(f"ledger api: dashboard at http://{host}:{port}/  (OpenAPI at /docs, store {db_path})", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
