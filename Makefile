@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install broker broker-stop topics run demo test test-core bench bench-core soak clean
+.PHONY: install broker broker-stop topics run demo test test-core bench bench-client bench-core soak clean
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -41,6 +41,9 @@ test-core: $(STAMP)
 
 bench: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/engine_bench.py
+
+bench-client: install
+	scripts/with-broker.sh $(BIN)/python benchmarks/client_bench.py
 
 bench-core: $(STAMP)
 	$(BIN)/python benchmarks/core_bench.py

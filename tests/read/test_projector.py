@@ -1,24 +1,16 @@
 """The projector against the real broker: catch-up gives the worked example's balances; crashes are safe."""
 from __future__ import annotations
 
-from connectors.client import LedgerClient
-from connectors.demo import EXPECTED, final_balances, run_example
+from connectors.demo import EXPECTED
 from projections.projector import catch_up
 from projections.store import Record, Store, projection_hash
 from projections.topics import read_topic
-from projections.verify import wait_quiescent
 
 SCHEMA_OF = {"balances": "balance", "history": "history", "results": "result"}
 
 
-def test_catch_up_after_the_worked_example(settings, start_worker, tmp_path):
-    start_worker()
-    client = LedgerClient(settings, "example")
-    assert all(r["outcome"] == "accepted" for r in run_example(client))
-    assert final_balances(settings, list(EXPECTED)) == EXPECTED
-    assert wait_quiescent(settings)
-    client.close()
-
+def test_catch_up_after_the_worked_example(ledger_run, tmp_path):
+    settings = ledger_run.settings
     db = tmp_path / "read.db"
     progress = catch_up(settings, db)
     assert progress.applied > 0 and progress.lag == {"balances": 0, "history": 0, "results": 0}
@@ -26,7 +18,7 @@ def test_catch_up_after_the_worked_example(settings, start_worker, tmp_path):
     for account, (posted, held) in EXPECTED.items():
         view = store.view(account)
         assert (int(view["posted"]), int(view["held"])) == (posted, held), account
-    assert store.currency_sums() == {"USDT": 0, "BTC": 0}
+    assert store.currency_sums() == {"USDT": 0, "BTC": 0, "USD": 0}
     assert [c["posted"] for c in store.clearing()] in ([], [0], [0, 0])
     # The fill's result carries the hold states: the bid ended released, nothing open.
     hold = store.conn.execute("SELECT * FROM holds WHERE hold_id = 'order:bid-1'").fetchone()
@@ -49,12 +41,8 @@ def _records(settings) -> tuple[list[Record], dict]:
     return records, offsets
 
 
-def test_a_crashed_batch_leaves_nothing_and_a_reapplied_batch_changes_nothing(settings, start_worker, tmp_path):
-    start_worker()
-    client = LedgerClient(settings, "crash")
-    run_example(client)
-    assert wait_quiescent(settings)
-    client.close()
+def test_a_crashed_batch_leaves_nothing_and_a_reapplied_batch_changes_nothing(ledger_run, tmp_path):
+    settings = ledger_run.settings
     records, offsets = _records(settings)
 
     # A crash inside the transaction (here: an exception after the rows were written) rolls back rows and

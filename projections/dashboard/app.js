@@ -1,0 +1,134 @@
+// Live dashboard: a snapshot first (so the page is complete at once), then server-sent events:
+// `balances` (changed account views) and `stats` (once a second). No framework, no build step.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const accounts = new Map();   // account_id -> view
+let flashed = new Set();
+let version = 0;
+
+function esc(s) { return String(s ?? "").replace(/[&<>"]/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c])); }
+function amount(m) { return m.decimal ?? m.minor; }
+function neg(m) { return m.minor.startsWith("-") ? " neg" : ""; }
+function ago(s) { if (s == null) return "–"; if (s < 60) return s.toFixed(0) + " s"; if (s < 3600) return (s / 60).toFixed(0) + " min"; return (s / 3600).toFixed(1) + " h"; }
+
+function renderAccounts() {
+  const q = $("filter").value.trim().toLowerCase();
+  const rows = [...accounts.values()]
+    .filter((a) => !q || a.account_id.toLowerCase().includes(q))
+    .sort((a, b) => (b.account_id.startsWith("sys:") - a.account_id.startsWith("sys:")) || a.account_id.localeCompare(b.account_id))
+    .slice(0, 300);
+  $("accounts").innerHTML = rows.map((a) => `
+    <tr data-account="${esc(a.account_id)}" class="${a.account_id.startsWith("sys:") ? "sys" : ""}${flashed.has(a.account_id) ? " flash" : ""}">
+      <td>${esc(a.account_id)}${a.shards > 1 ? ` <span class="tag">${a.shards} shards</span>` : ""}</td>
+      <td>${esc(a.currency)}</td>
+      <td class="num${neg(a.posted)}">${esc(amount(a.posted))}</td>
+      <td class="num">${esc(amount(a.held))}</td>
+      <td class="num${neg(a.available)}">${esc(amount(a.available))}</td>
+      <td class="num">${a.seq}</td>
+      <td><span class="tag${a.status === "open" ? "" : " bad"}">${esc(a.status)}</span></td>
+    </tr>`).join("");
+  $("account-count").textContent = `${accounts.size} accounts`;
+  flashed = new Set();
+}
+
+function setupCanvas(c) {
+  // Draw at device pixels: the CSS height stays what the HTML says, the bitmap follows the width.
+  if (!c.dataset.h) c.dataset.h = c.height;
+  const dpr = window.devicePixelRatio || 1, w = c.clientWidth || 600, h = +c.dataset.h;
+  c.style.height = h + "px"; c.width = Math.round(w * dpr); c.height = Math.round(h * dpr);
+  const ctx = c.getContext("2d"); ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  return [ctx, w, h];
+}
+
+// A small hand-drawn chart: series = [{values, color, fill}], stacked when `stacked`.
+function chart(canvas, labels, series, stacked) {
+  const [ctx, w, h] = setupCanvas(canvas);
+  const pad = {l: 40, r: 8, t: 8, b: 18}, n = labels.length;
+  ctx.clearRect(0, 0, w, h);
+  const tops = labels.map((_, i) => stacked ? series.reduce((s, x) => s + x.values[i], 0) : Math.max(...series.map((x) => x.values[i])));
+  const max = Math.max(1, ...tops) * 1.15;
+  const x = (i) => pad.l + (n <= 1 ? 0 : (i * (w - pad.l - pad.r)) / (n - 1));
+  const y = (v) => h - pad.b - (v / max) * (h - pad.t - pad.b);
+  ctx.strokeStyle = "#263049"; ctx.fillStyle = "#8a96b0"; ctx.font = "11px system-ui"; ctx.lineWidth = 1;
+  for (let k = 0; k <= 3; k++) {
+    const v = (max / 1.15) * k / 3, yy = Math.round(y(v)) + 0.5;
+    ctx.beginPath(); ctx.moveTo(pad.l, yy); ctx.lineTo(w - pad.r, yy); ctx.stroke();
+    ctx.fillText(v >= 100 ? v.toFixed(0) : v.toFixed(1), 4, yy + 4);
+  }
+  if (n > 1) { ctx.fillText(labels[0], pad.l, h - 4); const last = labels[n - 1]; ctx.fillText(last, w - pad.r - ctx.measureText(last).width, h - 4); }
+  const base = new Array(n).fill(0);
+  for (const s of series) {
+    const top = s.values.map((v, i) => (stacked ? base[i] : 0) + v);
+    ctx.beginPath();
+    top.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+    if (s.fill) {
+      for (let i = n - 1; i >= 0; i--) ctx.lineTo(x(i), y(stacked ? base[i] : 0));
+      ctx.closePath(); ctx.fillStyle = s.fill; ctx.fill();
+      ctx.beginPath(); top.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+    }
+    ctx.strokeStyle = s.color; ctx.lineWidth = 1.8; ctx.stroke();
+    if (stacked) top.forEach((v, i) => (base[i] = v));
+  }
+}
+
+function clock(ms) { const d = new Date(ms); return d.toTimeString().slice(0, 8); }
+
+function renderStats(s) {
+  const tp = s.throughput;
+  chart($("throughput"), tp.map((p) => clock(p.t * 1000)), [
+    {values: tp.map((p) => p.accepted), color: "#3ecf8e", fill: "rgba(62,207,142,.18)"},
+    {values: tp.map((p) => p.rejected), color: "#ff6b6b", fill: "rgba(255,107,107,.22)"}], true);
+  const lh = s.lag_history.length ? s.lag_history : [{t_ms: s.now_ms, lag: s.lag_total}];
+  chart($("lag"), lh.map((p) => clock(p.t_ms)), [{values: lh.map((p) => p.lag), color: "#6aa9ff", fill: "rgba(106,169,255,.15)"}], false);
+  $("lag-topics").innerHTML = Object.entries(s.lag).map(([t, n]) => `<span>${esc(t)} <b>${n}</b></span>`).join("");
+  const lagPill = $("lag-status");
+  lagPill.textContent = s.lag_total === 0 ? "caught up" : `lag ${s.lag_total} records`;
+  lagPill.className = "pill " + (s.lag_total === 0 ? "ok" : s.lag_total < 1000 ? "warn" : "bad");
+  const recon = $("recon-status");
+  recon.textContent = s.reconciled ? "books balance" : "IMBALANCE";
+  recon.className = "pill " + (s.reconciled ? "ok" : "bad");
+  $("sums").innerHTML = s.sums.map((x) => `<tr><td>${esc(x.currency)}</td><td class="num">${esc(amount(x))}</td>
+      <td><span class="tag ${x.balanced ? "ok" : "bad"}">${x.balanced ? "balanced" : "off"}</span></td></tr>`).join("")
+    || `<tr><td colspan="3" class="muted">no balances yet</td></tr>`;
+  $("clearing").innerHTML = s.clearing.map((x) => `<tr><td>${esc(x.currency)}</td><td class="num">${esc(amount(x))}</td>
+      <td class="num">${x.minor === "0" ? "–" : ago(x.age_s)}</td></tr>`).join("")
+    || `<tr><td colspan="3" class="muted">nothing in flight</td></tr>`;
+  const top = Math.max(1, ...s.rejections.map((r) => r.count));
+  $("reasons").innerHTML = s.rejections.map((r) => `<div class="bar"><span class="label">${esc(r.reason)}</span>
+      <span class="track"><span class="fill" style="width:${(100 * r.count / top).toFixed(1)}%; display:block"></span></span>
+      <span class="n">${r.count}</span></div>`).join("") || `<div class="muted small">no rejections</div>`;
+  $("recent").innerHTML = s.recent_rejections.map((r) => `<li><span class="muted">${clock(r.at_ms)}</span>
+      <span class="r">${esc(r.reason)}</span><span class="c">${esc(r.client_id)}/${esc(r.command_id)}</span></li>`).join("");
+}
+
+function applyBalances(list) {
+  for (const a of list) { accounts.set(a.account_id, a); flashed.add(a.account_id); }
+  renderAccounts();
+}
+
+function connect() {
+  if (!window.EventSource) { poll(); return; }
+  const es = new EventSource(`/events?since=${version}`);
+  es.addEventListener("open", () => { $("conn-status").textContent = "live"; $("conn-status").className = "pill ok"; });
+  es.addEventListener("balances", (e) => { version = +e.lastEventId || version; applyBalances(JSON.parse(e.data)); });
+  es.addEventListener("stats", (e) => renderStats(JSON.parse(e.data)));
+  es.addEventListener("error", () => { $("conn-status").textContent = "reconnecting…"; $("conn-status").className = "pill warn"; });
+}
+
+async function snapshot() {
+  const r = await fetch("/api/snapshot");
+  const snap = await r.json();
+  $("prefix").textContent = snap.prefix ? `· ${snap.prefix}` : "";
+  version = snap.stats.version;
+  for (const a of snap.accounts) accounts.set(a.account_id, a);
+  renderAccounts();
+  renderStats(snap.stats);
+}
+
+async function poll() {  // only without EventSource
+  try { await snapshot(); } catch (e) { /* the API restarts: try again */ }
+  setTimeout(poll, 2000);
+}
+
+$("filter").addEventListener("input", renderAccounts);
+snapshot().then(connect, () => { $("conn-status").textContent = "API unreachable"; $("conn-status").className = "pill bad"; setTimeout(() => location.reload(), 3000); });
