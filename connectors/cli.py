@@ -48,11 +48,16 @@ def worker(ctx: typer.Context) -> None:
 
 
 @app.command()
-def verify() -> None:
+def verify(
+    wait_s: float = typer.Option(0.0, "--wait", help="First wait up to this many seconds for quiescence."),
+) -> None:
     """Check the oracles of DESIGN.md §2 over the topics (run it when the ledger is quiescent)."""
-    from projections.verify import format_report, verify as run_verify
+    from projections.verify import format_report, verify as run_verify, wait_quiescent
 
-    report = run_verify(config.load())
+    settings = config.load()
+    if wait_s and not wait_quiescent(settings, wait_s):
+        typer.echo(f"warning: the workers have not caught up after {wait_s}s; checking anyway", err=True)
+    report = run_verify(settings)
     typer.echo(format_report(report))
     raise typer.Exit(0 if report.ok else 1)
 
