@@ -96,9 +96,10 @@ class LoadGenerator:
                 if remaining - part > 0:
                     self.open_holds.append((hold_id, account, remaining - part))
                 fee = part // 100
-                return c.post(self._id("cap"), [Leg(account, -part, hold_id=hold_id),
-                                                Leg(f"sys:merchant:{cur}", part - fee), Leg(f"sys:fees:{cur}", fee)],
-                              kind="capture")
+                legs = [Leg(account, -part, hold_id=hold_id), Leg(f"sys:merchant:{cur}", part - fee)]
+                if fee:
+                    legs.append(Leg(f"sys:fees:{cur}", fee))
+                return c.post(self._id("cap"), legs, kind="capture")
             return c.release_hold(hold_id, account, command_id=self._id("rel"))
         a, b = self._user(), self._user()
         return c.post(self._id("tr"), [Leg(self.account(a), -1), Leg(self.account((b + 1) % self.mix.users), 1)])

@@ -24,16 +24,35 @@ def assert_books_ok(settings):
     return report
 
 
-def pump(client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str]) -> threading.Thread:
-    """Send `count` commands at about `per_second` in a background thread, recording their ids."""
-    def run():
-        for i in range(count):
-            sent.append(gen.next_command())
-            if i % 20 == 19:
-                client._producer.poll(0)
-                time.sleep(20 / per_second)
-        client.flush()
-    thread = threading.Thread(target=run, daemon=True)
+class Pump(threading.Thread):
+    """Sends `count` commands at about `per_second` in the background, recording their ids.
+    join() re-raises whatever stopped it early, so a broken generator cannot pass unnoticed."""
+
+    def __init__(self, client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str]):
+        super().__init__(daemon=True)
+        self.client, self.gen, self.count, self.per_second, self.sent = client, gen, count, per_second, sent
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for i in range(self.count):
+                self.sent.append(self.gen.next_command())
+                if i % 20 == 19:
+                    self.client._producer.poll(0)
+                    time.sleep(20 / self.per_second)
+            self.client.flush()
+        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+        assert len(self.sent) == self.count, f"only {len(self.sent)} of {self.count} commands sent"
+
+
+def pump(client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str]) -> Pump:
+    thread = Pump(client, gen, count, per_second, sent)
     thread.start()
     return thread
 
