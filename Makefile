@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install broker broker-stop topics run demo test test-core bench bench-client bench-core soak clean
+.PHONY: install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-core soak clean
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -44,6 +44,9 @@ bench: install
 
 bench-client: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/client_bench.py
+
+bench-read: install
+	scripts/with-broker.sh $(BIN)/python benchmarks/replay_bench.py
 
 bench-core: $(STAMP)
 	$(BIN)/python benchmarks/core_bench.py

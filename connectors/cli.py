@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -187,6 +189,44 @@ def tail(
         pass
     finally:
         consumer.close()
+
+
+READ_DB = typer.Option(Path(".state/read.db"), "--db", envvar="LEDGER_READ_DB", help="SQLite read store.")
+
+
+@app.command()
+def projector(db: Path = READ_DB) -> None:
+    """Project balances, history and results into the read store until interrupted."""
+    from projections.projector import main
+
+    raise typer.Exit(main(config.load(), db))
+
+
+@app.command()
+def replay(
+    into: Optional[str] = typer.Option(None, help="Fresh store to build (default: a temp file)."),
+    against: Optional[str] = typer.Option(None, help="Live store to compare with; exit 1 on mismatch."),
+    from_offsets: Optional[str] = typer.Option(None, help="e.g. history:0=120,results:*=0"),
+    from_time: Optional[str] = typer.Option(None, help="ISO 8601 or epoch ms"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Rebuild the read projection from the topics and compare its hash with a live store."""
+    from projections.replay import run_cli
+
+    raise typer.Exit(run_cli(config.load(), into, against, from_offsets, from_time, progress))
+
+
+@app.command()
+def api(
+    db: Path = READ_DB,
+    host: str = "127.0.0.1",
+    port: int = typer.Option(8080, envvar="LEDGER_API_PORT"),
+    with_projector: bool = typer.Option(True, "--projector/--no-projector"),
+) -> None:
+    """Serve the read API, the live dashboard (/) and /metrics; by default runs the projector too."""
+    from projections.api import serve
+
+    serve(config.load(), db, host, port, with_projector)
 
 
 @app.command()

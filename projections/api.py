@@ -33,6 +33,10 @@ from streams import routing
 from streams.config import Settings
 
 MAX_PAGE = 1000  # larger page sizes are capped, not refused (the response says which limit applied)
+# An event stream ends after this long and the browser reconnects (resuming by Last-Event-ID): proxies and
+# idle-connection reapers never see an endless response, and a headless browser's virtual clock (which
+# stands still while a request is pending) moves on.
+SSE_STREAM_S = 30.0
 DASHBOARD = Path(__file__).resolve().parent / "dashboard"
 
 
@@ -221,6 +225,10 @@ def create_app(db_path: str | Path, settings: Settings | None = None, *, project
                                      args).fetchall()
         results = store.conn.execute(f"SELECT * FROM results WHERE {where} ORDER BY at_ms", args).fetchall()
         if not entries and not results:
+            # A rejected command carries no transaction id; clients usually use it as the command id.
+            results = store.conn.execute(f"SELECT * FROM results WHERE {where.replace('transaction_id', 'command_id')}"
+                                         " AND outcome = 'rejected'", args).fetchall()
+        if not entries and not results:
             raise ApiError(404, "unknown_transaction", f"no transaction {transaction_id!r} in the read store")
         legs = [_entry(e) for e in entries if e["amount"] != "0"]
         in_clearing: dict[str, int] = {}
@@ -260,13 +268,19 @@ def create_app(db_path: str | Path, settings: Settings | None = None, *, project
         return stats.get()
 
     @app.get("/events", summary="Server-sent events: `balances` (changed account views) and `stats` (1/s)")
-    async def events(request: Request, since: int | None = Query(None, ge=0), max_s: float | None = Query(None, gt=0)):
+    async def events(request: Request, since: int | None = Query(None, ge=0),
+                     max_s: float = Query(SSE_STREAM_S, gt=0, le=3600)):
+        # A reconnecting EventSource sends the id of the last event it got: resume there, nothing missed.
+        last_id = request.headers.get("last-event-id", "")
+        if last_id.isdigit():
+            since = int(last_id)
+
         async def stream():
             version = store.version() if since is None else since
             started = time.monotonic()
             last_stats = 0.0
             yield "retry: 2000\n\n"
-            while max_s is None or time.monotonic() - started < max_s:
+            while time.monotonic() - started < max_s:
                 if await request.is_disconnected():
                     return
                 rows = store.conn.execute("SELECT * FROM account_views WHERE version > ? ORDER BY version LIMIT 500",

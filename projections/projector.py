@@ -215,3 +215,23 @@ def run(settings: Settings, db_path: str | Path, stop_event: threading.Event,
     finally:
         projector.close()
         store.close()
+
+
+def main(settings: Settings, db_path: str | Path, report_every_s: float = 10.0) -> int:
+    """`ledger projector`: run until SIGINT/SIGTERM, logging progress and lag now and then."""
+    import signal
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    last = [time.monotonic()]
+
+    def report(progress: Progress) -> None:
+        if time.monotonic() - last[0] >= report_every_s:
+            last[0] = time.monotonic()
+            print(f"projector: {progress.applied} records applied, lag {progress.lag}", flush=True)
+
+    print(f"projector: {settings.prefix}* -> {db_path}", flush=True)
+    progress = run(settings, db_path, stop, on_batch=report)
+    print(f"projector: stopped after {progress.applied} records", flush=True)
+    return 0

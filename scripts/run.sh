@@ -36,8 +36,11 @@ fi
 LEDGER_METRICS_PORT=${LEDGER_METRICS_PORT:-9108} LEDGER_DATA_DIR=$STATE/worker-1 "$BIN/ledger" worker >"$STATE/worker-1.log" 2>&1 &
 pids+=($!)
 echo "run.sh: worker started (log: $STATE/worker-1.log)"
+"$BIN/ledger" api --db "$STATE/read.db" --port "${LEDGER_API_PORT:-8080}" >"$STATE/api.log" 2>&1 &
+pids+=($!)
+echo "run.sh: dashboard at http://127.0.0.1:${LEDGER_API_PORT:-8080}/  (API docs /docs, metrics /metrics)"
 "$BIN/ledger" loadgen --rate "${LEDGER_DEMO_RATE:-50}" &
 pids+=($!)
 echo "run.sh: demo traffic at ${LEDGER_DEMO_RATE:-50} commands/s; Ctrl-C to stop"
 wait -n "${pids[@]}"
-echo "run.sh: a process exited; see $STATE/worker-1.log" >&2
+echo "run.sh: a process exited; see $STATE/worker-1.log and $STATE/api.log" >&2

@@ -75,9 +75,10 @@ function clock(ms) { const d = new Date(ms); return d.toTimeString().slice(0, 8)
 
 function renderStats(s) {
   const tp = s.throughput;
+  // Rejected at the bottom, accepted stacked on it: the top line is the total, drawn in the accepted colour.
   chart($("throughput"), tp.map((p) => clock(p.t * 1000)), [
-    {values: tp.map((p) => p.accepted), color: "#3ecf8e", fill: "rgba(62,207,142,.18)"},
-    {values: tp.map((p) => p.rejected), color: "#ff6b6b", fill: "rgba(255,107,107,.22)"}], true);
+    {values: tp.map((p) => p.rejected), color: "#ff6b6b", fill: "rgba(255,107,107,.30)"},
+    {values: tp.map((p) => p.accepted), color: "#3ecf8e", fill: "rgba(62,207,142,.18)"}], true);
   const lh = s.lag_history.length ? s.lag_history : [{t_ms: s.now_ms, lag: s.lag_total}];
   chart($("lag"), lh.map((p) => clock(p.t_ms)), [{values: lh.map((p) => p.lag), color: "#6aa9ff", fill: "rgba(106,169,255,.15)"}], false);
   $("lag-topics").innerHTML = Object.entries(s.lag).map(([t, n]) => `<span>${esc(t)} <b>${n}</b></span>`).join("");
@@ -108,11 +109,16 @@ function applyBalances(list) {
 
 function connect() {
   if (!window.EventSource) { poll(); return; }
-  const es = new EventSource(`/events?since=${version}`);
-  es.addEventListener("open", () => { $("conn-status").textContent = "live"; $("conn-status").className = "pill ok"; });
+  // ?stream_s=N: shorter event streams (each reconnect resumes by Last-Event-ID), for headless browsers.
+  const streamS = new URLSearchParams(location.search).get("stream_s");
+  const es = new EventSource(`/events?since=${version}` + (streamS ? `&max_s=${encodeURIComponent(streamS)}` : ""));
+  const pill = $("conn-status");
+  let lost = null;
+  es.addEventListener("open", () => { clearTimeout(lost); lost = null; pill.textContent = "live"; pill.className = "pill ok"; });
   es.addEventListener("balances", (e) => { version = +e.lastEventId || version; applyBalances(JSON.parse(e.data)); });
   es.addEventListener("stats", (e) => renderStats(JSON.parse(e.data)));
-  es.addEventListener("error", () => { $("conn-status").textContent = "reconnecting…"; $("conn-status").className = "pill warn"; });
+  // A stream ending is normal (the server rotates them); only say so when the reconnect does not come.
+  es.addEventListener("error", () => { if (!lost) lost = setTimeout(() => { pill.textContent = "reconnecting…"; pill.className = "pill warn"; }, 4000); });
 }
 
 async function snapshot() {

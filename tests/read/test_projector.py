@@ -18,7 +18,8 @@ def test_catch_up_after_the_worked_example(ledger_run, tmp_path):
     for account, (posted, held) in EXPECTED.items():
         view = store.view(account)
         assert (int(view["posted"]), int(view["held"])) == (posted, held), account
-    assert store.currency_sums() == {"USDT": 0, "BTC": 0, "USD": 0}
+    sums = store.currency_sums()  # other tests may add EUR traffic on their own accounts
+    assert {"USDT", "BTC", "USD"} <= set(sums) and set(sums.values()) == {0}
     assert [c["posted"] for c in store.clearing()] in ([], [0], [0, 0])
     # The fill's result carries the hold states: the bid ended released, nothing open.
     hold = store.conn.execute("SELECT * FROM holds WHERE hold_id = 'order:bid-1'").fetchone()
