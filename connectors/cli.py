@@ -12,6 +12,79 @@ from streams import config
 app = typer.Typer(help="A streaming double-entry ledger on Apache Kafka.", no_args_is_help=True)
 topics_app = typer.Typer(help="Create, check and delete the ledger's topics.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
+show_app = typer.Typer(help="Read balances, history and holds from the read API (`ledger api`).",
+                       no_args_is_help=True)
+app.add_typer(show_app, name="show")
+API_URL = typer.Option("http://127.0.0.1:8080", "--api", envvar="LEDGER_API_URL", help="The read API.")
+AS_JSON = typer.Option(False, "--json", help="Print the API's JSON.")
+
+
+def _get(api: str, path: str) -> dict:
+    """GET from the read API; its JSON errors become a message and exit status 1."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(api.rstrip("/") + urllib.parse.quote(path, safe="/?=&:@"), timeout=30) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        error = json.loads(exc.read() or b"{}").get("error", {})
+        typer.echo(f"error: {error.get('code', exc.code)}: {error.get('message', exc.reason)}", err=True)
+        raise typer.Exit(1)
+    except urllib.error.URLError as exc:
+        typer.echo(f"error: cannot reach the read API at {api} ({exc.reason}); is `ledger api` running?", err=True)
+        raise typer.Exit(2)
+
+
+def _money(value: dict) -> str:
+    return f"{value['decimal']} {value['currency']}"
+
+
+@show_app.command("balance")
+def show_balance(account: str, api: str = API_URL, as_json: bool = AS_JSON) -> None:
+    """An account's posted, held and available balance and its seq."""
+    import json
+
+    view = _get(api, f"/accounts/{account}")
+    if as_json:
+        typer.echo(json.dumps(view))
+        return
+    typer.echo(f"{view['account_id']} ({view['status']}, seq {view['seq']})")
+    for field in ("posted", "held", "available"):
+        typer.echo(f"  {field:10} {_money(view[field]):>30}")
+
+
+@show_app.command("history")
+def show_history(account: str, limit: int = typer.Option(20, help="Entries per page (the API caps it)."),
+                 cursor: int = typer.Option(0, help="Start after this seq."),
+                 api: str = API_URL, as_json: bool = AS_JSON) -> None:
+    """An account's journal, oldest first, one page."""
+    import json
+
+    page = _get(api, f"/accounts/{account}/history?cursor={cursor}&limit={limit}")
+    if as_json:
+        typer.echo(json.dumps(page))
+        return
+    for e in page["entries"]:
+        typer.echo(f"  #{e['seq']:<5} {e['kind']:16} {_money(e['amount']):>26} -> {_money(e['posted_after']):>26}"
+                   f"  {e['transaction_id'] or e['hold_id'] or ''}")
+    if page.get("next_cursor") is not None:
+        typer.echo(f"  more: --cursor {page['next_cursor']}")
+
+
+@show_app.command("holds")
+def show_holds(account: str, api: str = API_URL, as_json: bool = AS_JSON) -> None:
+    """The account's open holds."""
+    import json
+
+    holds = _get(api, f"/accounts/{account}/holds")
+    if as_json:
+        typer.echo(json.dumps(holds))
+        return
+    for h in holds["holds"]:
+        typer.echo(f"  {h['hold_id']:30} {h['status']:9} remaining {_money(h['remaining'])}")
 
 
 @topics_app.command("create")
@@ -153,6 +226,79 @@ def submit(
         typer.echo(f"{len(sent)} sent, {len(bad)} bad lines; {summary}")
     ok = not bad and outcomes.get("accepted", 0) == len(sent)
     raise typer.Exit(0 if ok else 1)
+
+
+def _send_one(line: dict, client_id: str, as_json: bool, timeout_s: float = 30.0) -> None:
+    """Send one command given as a JSON Lines object (same rules as `submit`) and print its result."""
+    import json
+
+    from connectors.client import LedgerClient, ResultTimeout
+    from connectors.jsonl import LineError, parse_line
+
+    try:
+        parsed = parse_line(1, json.dumps(line))
+    except LineError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    client = LedgerClient(config.load(), client_id)
+    try:
+        command_id = parsed.send(client)
+        result = client.result(command_id, timeout_s)
+    except ResultTimeout:
+        typer.echo(f"no result within {timeout_s}s for {command_id}; sending it again is safe", err=True)
+        raise typer.Exit(3)
+    finally:
+        client.close()
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        why = f" {result['reason']}: {result['detail']}" if result["reason"] else ""
+        typer.echo(f"{command_id}: {result['outcome']}{why}{' (duplicate)' if result['duplicate'] else ''}")
+    raise typer.Exit(0 if result["outcome"] == "accepted" else 1)
+
+
+CLIENT_ID = typer.Option("cli", "--client-id", help="Scopes the command ids.")
+
+
+@app.command("open")
+def open_account(account: str, currency: str, client_id: str = CLIENT_ID, as_json: bool = AS_JSON) -> None:
+    """Open an account, e.g. `ledger open user:42:USD USD`."""
+    _send_one({"type": "open", "account": account, "currency": currency}, client_id, as_json)
+
+
+@app.command()
+def post(
+    transaction_id: str,
+    legs: list[str] = typer.Option(..., "--leg", help="ACCOUNT=AMOUNT (major units, e.g. user:1:USD=-10.00); "
+                                                      "ACCOUNT=AMOUNT@HOLD captures from a hold. Repeat."),
+    kind: str = typer.Option("transfer", help="deposit, withdrawal, trade, fee, refund, ..."),
+    client_id: str = CLIENT_ID,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Post a transaction from flags: `ledger post dep-1 --leg sys:world:USD=-10 --leg user:1:USD=10`."""
+    parsed = []
+    for text in legs:
+        account, sep, amount = text.rpartition("=")
+        if not sep or not account:
+            typer.echo(f"error: --leg {text!r} is not ACCOUNT=AMOUNT", err=True)
+            raise typer.Exit(2)
+        amount, _, hold = amount.partition("@")
+        parsed.append({"account": account, "amount": amount, **({"hold": hold} if hold else {})})
+    _send_one({"type": "post", "id": transaction_id, "kind": kind, "legs": parsed}, client_id, as_json)
+
+
+@app.command()
+def hold(hold_id: str, account: str, amount: str, expires_at_ms: Optional[int] = None,
+         client_id: str = CLIENT_ID, as_json: bool = AS_JSON) -> None:
+    """Place a hold: `ledger hold order-7 user:1:USD 2.50`."""
+    _send_one({"type": "hold", "id": hold_id, "account": account, "amount": amount, "expires_at_ms": expires_at_ms},
+              client_id, as_json)
+
+
+@app.command()
+def release(hold_id: str, account: str, client_id: str = CLIENT_ID, as_json: bool = AS_JSON) -> None:
+    """Release what remains of a hold: `ledger release order-7 user:1:USD`."""
+    _send_one({"type": "release", "hold": hold_id, "account": account}, client_id, as_json)
 
 
 @app.command()

@@ -53,3 +53,28 @@ def test_bad_lines_are_reported_and_good_lines_still_sent(settings, start_worker
     assert results[1]["outcome"] == results[7]["outcome"] == "accepted"
     assert results[8]["reason"] == "insufficient_funds"
     assert latest_balances(settings)["user:kim:USD"]["posted"] == "750"
+
+
+def ledger(settings, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap, "LEDGER_TOPIC_PREFIX": settings.prefix}
+    return subprocess.run([sys.executable, "-m", "connectors.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+
+
+def test_single_commands_from_flags(settings, start_worker):
+    start_worker()
+    assert ledger(settings, "open", "user:lou:USD", "USD").returncode == 0
+    done = ledger(settings, "post", "dep-lou", "--kind", "deposit", "--leg", "sys:world:USD=-20.00",
+                  "--leg", "user:lou:USD=20.00")
+    assert done.returncode == 0 and "dep-lou: accepted" in done.stdout
+    assert ledger(settings, "hold", "lou-order", "user:lou:USD", "5.00").returncode == 0
+    done = ledger(settings, "post", "lou-fill", "--leg", "user:lou:USD=-3.00@lou-order",
+                  "--leg", "sys:merchant:USD=3.00", "--json")
+    assert json.loads(done.stdout)["outcome"] == "accepted"
+    assert ledger(settings, "release", "lou-order", "user:lou:USD").returncode == 0
+    over = ledger(settings, "post", "lou-over", "--leg", "user:lou:USD=-100", "--leg", "sys:world:USD=100")
+    assert over.returncode == 1 and "insufficient_funds" in over.stdout
+    bad = ledger(settings, "post", "lou-bad", "--leg", "user:lou:USD=-1.001", "--leg", "sys:world:USD=1.001")
+    assert bad.returncode == 2 and "precision_exceeded" in bad.stderr
+    balance = latest_balances(settings)["user:lou:USD"]
+    assert (balance["posted"], balance["held"]) == ("1700", "0")
