@@ -362,6 +362,26 @@ def replay(
     raise typer.Exit(run_cli(config.load(), into, against, from_offsets, from_time, progress))
 
 
+@app.command("rebuild-balances")
+def rebuild_balances(
+    into_topic: Optional[str] = typer.Option(None, help="Also write the rebuilt views to this new topic."),
+) -> None:
+    """Fold the history topic into balance views and compare them byte for byte with the balances topic."""
+    from projections.rebuild import rebuild_balances as rebuild
+
+    report = rebuild(config.load(), into_topic)
+    typer.echo(f"{report.accounts} accounts from {report.history_records} history records")
+    typer.echo(f"live balances hash   {report.live_hash}")
+    typer.echo(f"rebuilt from history {report.rebuilt_hash}")
+    if report.ok:
+        typer.echo("identical" + (f"; rebuilt views written to {into_topic}" if into_topic else ""))
+        return
+    typer.echo(f"MISMATCH: first differing account {report.first_difference}", err=True)
+    for line in report.details:
+        typer.echo(f"  {line}", err=True)
+    raise typer.Exit(1)
+
+
 @app.command()
 def api(
     db: Path = READ_DB,
