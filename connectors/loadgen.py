@@ -89,6 +89,14 @@ class LoadGenerator:
                 user = self._user()
                 return c.post(self._id("over"), [Leg(self.account(user), -10**15), Leg(f"sys:custody:{cur}", 10**15)])
             return c.post(self._id("unbal"), [Leg(self.account(1), -5), Leg(self.account(2), 4)])
+        r -= m.invalid
+        if r < m.multi_debit:
+            a, b = self._user(), self._user()
+            b = b if b != a else (a + 1) % m.users
+            to = next(u for u in ((a + k) % m.users for k in range(2, m.users + 2)) if u not in (a, b))
+            x, y = self.rng.randint(1, 20_000), self.rng.randint(1, 20_000)
+            return c.post(self._id("multi"), [Leg(self.account(a), -x), Leg(self.account(b), -y),
+                                              Leg(self.account(to), x + y, currency=cur)], kind="split")
         if self.open_holds:
             hold_id, account, remaining = self.open_holds.pop(self.rng.randrange(len(self.open_holds)))
             if self.rng.random() < 0.5:

@@ -171,8 +171,10 @@ def test_two_workers_share_partitions_with_cross_partition_transfers(settings, s
     gen = LoadGenerator(client, seed=5, mix=Mix(users=80), run_id="p")
     client.wait(gen.open_accounts(), 60)
     ids = list(gen.commands(1500))
-    client.wait(ids, 120)
+    results = client.wait(ids, 120)
     report = assert_books_ok(settings)
+    multi = [r["outcome"] for i, r in results.items() if "-multi-" in i]
+    assert "accepted" in multi and "rejected" in multi, "debits in two partitions: some must commit, some fail"
     assert report.counts["commands"] > report.counts["commands.from_clients"], "no cross-partition credits ran"
     for w in (w1, w2):
         assert w.alive and not w.crashed(), w.tail()
