@@ -410,13 +410,13 @@ class PartitionProcessor:
         return result
 
     def _record(self, command: core.Command, result: Result, changes: Changes, offset: int,
-                fingerprint: str, records: list[tuple[str, Any]] = ()) -> None:
+                fingerprint: str) -> None:
         transaction_id = command.transaction_id if isinstance(command, core.PostTransaction) and \
             result.outcome == "accepted" else None
         holds = list(changes.holds.values())
         wire_result = result_to_wire(result, command.at_ms, transaction_id, holds)
         self.commit_change(command.client_id, command.command_id, fingerprint, offset, wire_result,
-                           list(changes.accounts.values()), holds, changes.history, records)
+                           list(changes.accounts.values()), holds, changes.history)
 
     def commit_change(self, client_id: str, command_id: str, fingerprint: str, offset: int,
                       wire_result: dict[str, Any], accounts: list[Account] = (), holds: list[Hold] = (),

@@ -12,7 +12,7 @@ from schemas.codec import codec
 from streams import routing
 from streams.partition import PartitionProcessor
 from streams.store import MemoryStore
-from tests.engine.test_partition import command, open_account, place_hold
+from tests.engine.test_partition import command, place_hold
 
 C = codec()
 N = 8

@@ -10,7 +10,6 @@ import io
 import json
 import shutil
 import struct
-from pathlib import Path
 
 import fastavro
 import pytest
