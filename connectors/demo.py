@@ -73,17 +73,14 @@ def run_example(client: LedgerClient, timeout_s: float = 60.0) -> list[dict]:
 
 def final_balances(settings: Settings, accounts: list[str], timeout_s: float = 30.0) -> dict[str, tuple[int, int]]:
     """Latest (posted, held) per account from the balances topic; system accounts summed over shards."""
-    from projections.topics import read_topic
+    from projections.topics import latest_per_account, read_topic
 
     deadline = time.monotonic() + timeout_s
     while True:
-        latest: dict[str, dict] = {}
-        for record in read_topic(settings, "balances"):
-            v = record.value
-            if v["account_id"] not in latest or v["seq"] >= latest[v["account_id"]]["seq"]:
-                latest[v["account_id"]] = v
+        latest = latest_per_account(read_topic(settings, "balances"))
         totals: dict[str, tuple[int, int]] = {}
-        for account_id, v in latest.items():
+        for account_id, record in latest.items():
+            v = record.value
             name = routing.unsharded(account_id)
             posted, held = totals.get(name, (0, 0))
             totals[name] = (posted + int(v["posted"]), held + int(v["held"]))

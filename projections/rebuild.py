@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from projections.topics import read_topic
+from projections.topics import latest_per_account, read_topic
 from schemas.codec import codec
 from streams.config import Settings
 
@@ -71,12 +71,7 @@ def rebuild_balances(settings: Settings, into_topic: str | None = None) -> Rebui
     c = codec()
     history = [r.value for r in read_topic(settings, "history")]
     rebuilt = {a: c.encode("balance", v) for a, v in fold_balances(history).items()}
-    live: dict[str, tuple[int, bytes]] = {}
-    for r in read_topic(settings, "balances"):
-        account_id, seq = r.value["account_id"], r.value["seq"]
-        if account_id not in live or seq >= live[account_id][0]:
-            live[account_id] = (seq, r.raw)
-    live_encoded = {a: raw for a, (_, raw) in live.items()}
+    live_encoded = {a: r.raw for a, r in latest_per_account(read_topic(settings, "balances")).items()}
     report = RebuildReport(accounts=len(rebuilt), history_records=len(history),
                            live_hash=canonical_hash(live_encoded), rebuilt_hash=canonical_hash(rebuilt))
     if not report.ok:

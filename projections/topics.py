@@ -62,3 +62,15 @@ def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[T
                     del ends[partition]
     finally:
         consumer.close()
+
+
+def latest_per_account(records: Iterator[TopicRecord]) -> dict[str, TopicRecord]:
+    """The record with the highest seq of each account (balances topic: the current view, whatever
+    re-emissions or compaction left behind)."""
+    latest: dict[str, TopicRecord] = {}
+    for record in records:
+        account_id = record.value["account_id"]
+        seen = latest.get(account_id)
+        if seen is None or record.value["seq"] >= seen.value["seq"]:
+            latest[account_id] = record
+    return latest

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
-from projections.topics import TopicRecord, read_topic
+from projections.topics import TopicRecord, latest_per_account, read_topic
 from streams import routing
 from streams.config import Settings
 
@@ -154,11 +154,7 @@ def verify(settings: Settings) -> Report:
                 report.fail("P2", f"{account}#{v['seq']} available {posted - int(v['held_after'])} below {floor}")
         folded[account] = (posted, int(items[-1]["held_after"]), seqs[-1], items[-1]["currency"])
 
-    latest: dict[str, dict] = {}
-    for b in balances:
-        v = b.value
-        if v["account_id"] not in latest or v["seq"] >= latest[v["account_id"]]["seq"]:
-            latest[v["account_id"]] = v
+    latest = {account: r.value for account, r in latest_per_account(balances).items()}
     c["accounts"] = len(latest)
     for account, v in latest.items():
         fold = folded.get(account)

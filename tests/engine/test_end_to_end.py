@@ -3,18 +3,13 @@ from __future__ import annotations
 
 from connectors.client import LedgerClient, Leg
 from connectors.demo import EXPECTED, final_balances, run_example
-from projections.topics import read_topic
+from projections.topics import latest_per_account, read_topic
 from projections.verify import format_report, verify, wait_quiescent
 from streams import routing
 
 
 def latest_balances(settings) -> dict[str, dict]:
-    latest = {}
-    for r in read_topic(settings, "balances"):
-        v = r.value
-        if v["account_id"] not in latest or v["seq"] >= latest[v["account_id"]]["seq"]:
-            latest[v["account_id"]] = v
-    return latest
+    return {account: r.value for account, r in latest_per_account(read_topic(settings, "balances")).items()}
 
 
 def test_open_deposit_and_transfer(settings, start_worker):
