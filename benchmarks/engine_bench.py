@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from connectors.client import LedgerClient  # noqa: E402
 from connectors.loadgen import LoadGenerator, Mix  # noqa: E402
 from schemas.codec import codec  # noqa: E402
+from streams.producing import produce  # noqa: E402
 from tests.harness import Worker, bootstrap, drop, fresh_settings  # noqa: E402
 
 
@@ -49,12 +50,7 @@ def raw_ceiling(settings, count: int) -> float:
                 continue
             if start is None:
                 start = time.perf_counter()
-            while True:
-                try:
-                    producer.produce(topic_out, msg.value(), msg.key(), partition=msg.partition())
-                    break
-                except BufferError:
-                    producer.poll(0.01)
+            produce(producer, topic_out, msg.value(), msg.key(), partition=msg.partition())
             seen += 1
         producer.poll(0)
     producer.flush(60)

@@ -34,6 +34,7 @@ from projections import replay  # noqa: E402
 from projections.store import Record, Store  # noqa: E402
 from schemas.codec import codec  # noqa: E402
 from streams import config, routing  # noqa: E402
+from streams.producing import produce as produce_one  # noqa: E402
 
 
 def synthetic(accounts: int, changes: int):
@@ -65,12 +66,7 @@ def produce(settings, records: int) -> int:
         p = routing.partition_for_key(routing.routing_key_for(account), settings.partitions)
         for name, schema, value in (("history", "history", history), ("balances", "balance", balance),
                                     ("results", "result", result)):
-            while True:
-                try:
-                    producer.produce(topics[name], c.encode(schema, value), account.encode(), partition=p)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
+            produce_one(producer, topics[name], c.encode(schema, value), account.encode(), partition=p)
             sent += 1
         producer.poll(0)
     producer.flush(60)

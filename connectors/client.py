@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from schemas.codec import codec
 from streams import routing
 from streams.config import Settings
+from streams.producing import produce
 
 
 class ClientValidationError(ValueError):
@@ -94,12 +95,7 @@ class LedgerClient:
     def send_raw(self, value: bytes, routing_account: str) -> None:
         key = routing.routing_key_for(routing.unsharded(routing_account))
         partition = routing.partition_for_key(key, self.settings.partitions)
-        while True:
-            try:
-                self._producer.produce(self.settings.topic("commands"), value, key.encode(), partition=partition)
-                break
-            except BufferError:
-                self._producer.poll(0.05)
+        produce(self._producer, self.settings.topic("commands"), value, key.encode(), partition=partition)
         self._producer.poll(0)
 
     def submit(self, plan) -> list[str]:

@@ -34,6 +34,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from streams import core, metrics
 from streams.config import Settings
 from streams.partition import Output, PartitionProcessor
+from streams.producing import produce
 from streams.store import RocksStore
 
 log = logging.getLogger("ledger.engine")
@@ -209,16 +210,10 @@ class Engine:
             if err is not None:
                 errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
 
-        produce = self.producer.produce
         topics = self._topics
         for o in outputs:
-            while True:
-                try:
-                    produce(topics[o.topic], o.value, o.key, partition=o.partition, timestamp=o.timestamp_ms,
-                            on_delivery=on_delivery)
-                    break
-                except BufferError:  # local queue full: let deliveries drain, then retry
-                    self.producer.poll(0.05)
+            produce(self.producer, topics[o.topic], o.value, o.key, partition=o.partition,
+                    timestamp=o.timestamp_ms, on_delivery=on_delivery)
         self._flush(errors)
 
     def _send_changelog(self, changelogs: dict[int, list[bytes]]) -> dict[int, list[int]]:
@@ -235,12 +230,7 @@ class Engine:
                     written.append(msg.offset())
 
             for value in records:
-                while True:
-                    try:
-                        self.producer.produce(topic, value, partition=partition, on_delivery=on_delivery)
-                        break
-                    except BufferError:
-                        self.producer.poll(0.05)
+                produce(self.producer, topic, value, partition=partition, on_delivery=on_delivery)
         self._flush(errors)
         for written in offsets.values():
             written.sort()
