@@ -123,16 +123,10 @@ def main() -> None:
         for t in threads:
             t.start()
         time.sleep(1.0)
-        begin = time.perf_counter()
         n = 0
-        while time.perf_counter() - begin < args.seconds:
-            command_id = gen.next_command()
+        for command_id in gen.paced(int(args.rate * args.seconds), args.rate):
             sent_at[command_id] = time.perf_counter()
-            client._producer.poll(0)
             n += 1
-            ahead = n / args.rate - (time.perf_counter() - begin)
-            if ahead > 0:
-                time.sleep(ahead)
         client.flush()
         time.sleep(3)
         stop.set()

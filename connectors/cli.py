@@ -155,12 +155,8 @@ def loadgen(
     client.wait(gen.open_accounts(), 120)
     sent, start = 0, time.monotonic()
     try:
-        while count == 0 or sent < count:
-            gen.next_command()
+        for _ in gen.paced(count, rate):
             sent += 1
-            ahead = sent / rate - (time.monotonic() - start)
-            if ahead > 0:
-                time.sleep(ahead)
             if sent % 1000 == 0:
                 typer.echo(f"loadgen: {sent} commands sent ({sent / (time.monotonic() - start):.0f}/s)")
     except KeyboardInterrupt:

@@ -104,6 +104,10 @@ class LedgerClient:
             self.send_raw(self._codec.encode("command", record), routing_account)
         return list(plan.command_ids)
 
+    def poll(self) -> None:
+        """Serve delivery reports (frees room in the producer's queue) without waiting."""
+        self._producer.poll(0)
+
     def flush(self) -> None:
         self._producer.flush(30)
 

@@ -8,6 +8,7 @@ Everything follows from the seed, so a run can be repeated exactly.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -115,3 +116,15 @@ class LoadGenerator:
     def commands(self, count: int) -> Iterator[str]:
         for _ in range(count):
             yield self.next_command()
+
+    def paced(self, count: int, per_second: float) -> Iterator[str]:
+        """Like commands(), at about per_second (count 0: without end). Sleeps between sends rather than
+        bursting, so latency figures measure the ledger, not a queue in front of it."""
+        start, sent = time.monotonic(), 0
+        while count == 0 or sent < count:
+            yield self.next_command()
+            sent += 1
+            self.client.poll()
+            ahead = sent / per_second - (time.monotonic() - start)
+            if ahead > 0:
+                time.sleep(ahead)

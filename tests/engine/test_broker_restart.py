@@ -20,11 +20,16 @@ from tests.harness import ROOT, Worker, drop, fresh_settings
 PORT = 19392
 
 
+def start(script: str, env: dict) -> None:
+    done = subprocess.run([script, "start"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"kafka.sh start failed:\n{done.stdout}\n{done.stderr}"
+
+
 @pytest.fixture
 def own_broker(tmp_path):
     env = {**os.environ, "LEDGER_STATE": str(tmp_path / "state"), "KAFKA_PORT": str(PORT)}
     script = str(ROOT / "scripts/kafka.sh")
-    subprocess.run([script, "start"], env=env, check=True, capture_output=True)
+    start(script, env)
     pid_file = tmp_path / "state/kafka/node1/pid"
     yield env, script, pid_file
     subprocess.run([script, "stop"], env=env, capture_output=True)
@@ -42,7 +47,7 @@ def test_worker_survives_a_broker_kill_and_restart(own_broker, tmp_path):
     time.sleep(2.5)
     os.kill(int(Path(pid_file).read_text()), signal.SIGKILL)
     time.sleep(2)
-    subprocess.run([script, "start"], env=env, check=True, capture_output=True)
+    start(script, env)
     thread.join(120)
     if not worker.alive:  # it may exit when a flush cannot complete; a supervisor restarts it
         worker.start()

@@ -35,11 +35,7 @@ class Pump(threading.Thread):
 
     def run(self) -> None:
         try:
-            for i in range(self.count):
-                self.sent.append(self.gen.next_command())
-                if i % 20 == 19:
-                    self.client._producer.poll(0)
-                    time.sleep(20 / self.per_second)
+            self.sent.extend(self.gen.paced(self.count, self.per_second))
             self.client.flush()
         except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
             self.error = exc
