@@ -98,9 +98,10 @@ def wait_for_leaders(settings: Settings, admin: AdminClient, timeout_s: float = 
 
 
 def delete_topics(settings: Settings) -> None:
-    """Delete the ledger's topics under this prefix (tests and `ledger topics delete`)."""
+    """Delete every topic under this prefix: the ledger's and those made alongside them (Faust's assignor
+    topic, rebuilt projections)."""
     admin = admin_client(settings)
-    names = [settings.topic(n) for n, c in describe(settings, admin).items() if c is not None]
+    names = [name for name in admin.list_topics(timeout=10).topics if name.startswith(settings.prefix)]
     if names:
         for future in admin.delete_topics(names, operation_timeout=30).values():
             future.result()

@@ -392,11 +392,12 @@ def api(
 
 
 @app.command()
-def demo() -> None:
-    """Run DESIGN.md §8's worked example through the broker and print the final balances."""
+def demo(keep_topics: bool = typer.Option(False, "--keep-topics", help="Keep the demo's topics to inspect them "
+                                                                      "(LEDGER_TOPIC_PREFIX=<prefix> ledger verify).")) -> None:
+    """Run the exchange worked example through the broker and print the final balances."""
     from connectors.demo import run_demo
 
-    raise typer.Exit(run_demo())
+    raise typer.Exit(run_demo(keep_topics))
 
 
 if __name__ == "__main__":

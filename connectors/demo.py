@@ -100,9 +100,9 @@ def format_table(balances: dict[str, tuple[int, int]]) -> str:
     return "\n".join(lines)
 
 
-def run_demo() -> int:
+def run_demo(keep_topics: bool = False) -> int:
     """Fresh topics, a worker of our own, the example, the balances table; 0 when every number matches."""
-    from connectors.admin import create_topics
+    from connectors.admin import create_topics, delete_topics
 
     base = config.load()
     settings = base.with_prefix(f"demo-{int(time.time())}.")
@@ -116,7 +116,8 @@ def run_demo() -> int:
     client = None
     try:
         client = LedgerClient(settings, "demo")
-        print(f"topics under prefix {settings.prefix!r}; worker log {data_dir / 'worker.log'}")
+        print(f"topics under prefix {settings.prefix!r} ({'kept' if keep_topics else 'deleted at the end'});"
+              f" worker log {data_dir / 'worker.log'}")
         for result in run_example(client):
             status = result["outcome"] + (f" ({result['reason']}: {result['detail']})" if result["reason"] else "")
             print(f"  {result['command_id']:24} {status}")
@@ -132,10 +133,12 @@ def run_demo() -> int:
         if wrong:
             print(f"MISMATCH: {wrong}")
             return 1
-        print("every balance matches DESIGN.md §8; the buyer has 28,020 USDT available and nothing held")
+        print("every balance matches the worked example; the buyer has 28,020 USDT available and nothing held")
         return 0
     finally:
         if client is not None:
             client.close()
         worker.terminate()
         worker.wait(30)
+        if not keep_topics:
+            delete_topics(settings)
