@@ -38,6 +38,17 @@ def _get(api: str, path: str) -> dict:
         raise typer.Exit(2)
 
 
+def _show(api: str, path: str, as_json: bool) -> dict | None:
+    """GET from the read API; with --json print its JSON and return None (nothing left to format)."""
+    import json
+
+    data = _get(api, path)
+    if as_json:
+        typer.echo(json.dumps(data))
+        return None
+    return data
+
+
 def _money(value: dict) -> str:
     return f"{value['decimal']} {value['currency']}"
 
@@ -45,11 +56,8 @@ def _money(value: dict) -> str:
 @show_app.command("balance")
 def show_balance(account: str, api: str = API_URL, as_json: bool = AS_JSON) -> None:
     """An account's posted, held and available balance and its seq."""
-    import json
-
-    view = _get(api, f"/accounts/{account}")
-    if as_json:
-        typer.echo(json.dumps(view))
+    view = _show(api, f"/accounts/{account}", as_json)
+    if view is None:
         return
     typer.echo(f"{view['account_id']} ({view['status']}, seq {view['seq']})")
     for field in ("posted", "held", "available"):
@@ -61,11 +69,8 @@ def show_history(account: str, limit: int = typer.Option(20, help="Entries per p
                  cursor: int = typer.Option(0, help="Start after this seq."),
                  api: str = API_URL, as_json: bool = AS_JSON) -> None:
     """An account's journal, oldest first, one page."""
-    import json
-
-    page = _get(api, f"/accounts/{account}/history?cursor={cursor}&limit={limit}")
-    if as_json:
-        typer.echo(json.dumps(page))
+    page = _show(api, f"/accounts/{account}/history?cursor={cursor}&limit={limit}", as_json)
+    if page is None:
         return
     for e in page["entries"]:
         typer.echo(f"  #{e['seq']:<5} {e['kind']:16} {_money(e['amount']):>26} -> {_money(e['posted_after']):>26}"
@@ -77,11 +82,8 @@ def show_history(account: str, limit: int = typer.Option(20, help="Entries per p
 @show_app.command("holds")
 def show_holds(account: str, api: str = API_URL, as_json: bool = AS_JSON) -> None:
     """The account's open holds."""
-    import json
-
-    holds = _get(api, f"/accounts/{account}/holds")
-    if as_json:
-        typer.echo(json.dumps(holds))
+    holds = _show(api, f"/accounts/{account}/holds", as_json)
+    if holds is None:
         return
     for h in holds["holds"]:
         typer.echo(f"  {h['hold_id']:30} {h['status']:9} remaining {_money(h['remaining'])}")
