@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -335,11 +334,12 @@ def tail(
         consumer.close()
 
 
-READ_DB = typer.Option(Path(".state/read.db"), "--db", envvar="LEDGER_READ_DB", help="SQLite read store.")
+READ_DB = typer.Option(".state/read.db", "--db", envvar="LEDGER_READ_DB",
+                       help="Read store: a SQLite path, or a postgresql:// URL (?schema=NAME, default public).")
 
 
 @app.command()
-def projector(db: Path = READ_DB) -> None:
+def projector(db: str = READ_DB) -> None:
     """Project balances, history and results into the read store until interrupted."""
     from projections.projector import main
 
@@ -348,7 +348,8 @@ def projector(db: Path = READ_DB) -> None:
 
 @app.command()
 def replay(
-    into: Optional[str] = typer.Option(None, help="Fresh store to build (default: a temp file)."),
+    into: Optional[str] = typer.Option(None, help="Fresh store to build, a path or a postgresql:// URL (default: a "
+                                                  "temp file; against a PostgreSQL store, a new schema there)."),
     against: Optional[str] = typer.Option(None, help="Live store to compare with; exit 1 on mismatch."),
     from_offsets: Optional[str] = typer.Option(None, help="e.g. history:0=120,results:*=0"),
     from_time: Optional[str] = typer.Option(None, help="ISO 8601 or epoch ms"),
@@ -382,7 +383,7 @@ def rebuild_balances(
 
 @app.command()
 def api(
-    db: Path = READ_DB,
+    db: str = READ_DB,
     host: str = "127.0.0.1",
     port: int = typer.Option(8080, envvar="LEDGER_API_PORT"),
     with_projector: bool = typer.Option(True, "--projector/--no-projector"),

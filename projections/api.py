@@ -1,9 +1,9 @@
 """The read API and the live dashboard (`ledger api`), over the read store only: it never writes to Kafka.
 
-Every answer comes from the SQLite store the projector fills (in this process when started with
-`projector=True`, else by a `ledger projector` elsewhere). Amounts are exact decimal strings of minor units
-plus the formatted decimal of the currency's scale. Errors are JSON `{"error": {"code", "message"}}` with
-stable codes:
+Every answer comes from the read store (SQLite or PostgreSQL) the projector fills (in this process when
+started with `projector=True`, else by a `ledger projector` elsewhere). Amounts are exact decimal strings of
+minor units plus the formatted decimal of the currency's scale. Errors are JSON `{"error": {"code",
+"message"}}` with stable codes:
 
   404 unknown_account, unknown_transaction, unknown_command, unknown_seq, not_found (no such route)
   400 sharded_account (a per-account sequence asked of a summed system account: ask a shard)
@@ -27,6 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from projections.db import display
 from projections.metrics import ReadSideCollector, StatsCache, money
 from projections.store import Store
 from streams import routing
@@ -71,13 +72,13 @@ def _entry(row) -> dict[str, Any]:
             "command_id": row["command_id"]}
 
 
-def create_app(db_path: str | Path, settings: Settings | None = None, *, projector: bool = False,
+def create_app(target: str | Path, settings: Settings | None = None, *, projector: bool = False,
                min_seq_timeout_s: float = 5.0) -> FastAPI:
-    """The API over the store at db_path. projector=True also runs the projector in a thread (needs settings)."""
-    db_path = Path(db_path)
+    """The API over the store `target` (a SQLite path or a postgresql:// URL). projector=True also runs the
+    projector in a thread (needs settings)."""
     # The writer creates the schema; a reader needs it to exist before its first query.
-    Store(db_path, settings.prefix if settings else None).close()
-    store = Store(db_path, readonly=True)
+    Store(target, settings.prefix if settings else None).close()
+    store = Store(target, readonly=True)
     stats = StatsCache(store)
     registry = CollectorRegistry()
     registry.register(ReadSideCollector(stats))
@@ -90,7 +91,7 @@ def create_app(db_path: str | Path, settings: Settings | None = None, *, project
             from projections.projector import run
 
             assert settings is not None, "the projector needs the Kafka settings"
-            thread = threading.Thread(target=run, args=(settings, db_path, stop), name="projector", daemon=True)
+            thread = threading.Thread(target=run, args=(settings, target, stop), name="projector", daemon=True)
             thread.start()
         try:
             yield
@@ -314,11 +315,11 @@ def _result(row) -> dict[str, Any]:
             "at_ms": row["at_ms"], "holds": json.loads(row["holds"])}
 
 
-def serve(settings: Settings, db_path: str | Path, host: str = "127.0.0.1", port: int = 8080,
+def serve(settings: Settings, target: str | Path, host: str = "127.0.0.1", port: int = 8080,
           projector: bool = True) -> None:
     """`ledger api`: the API and dashboard (and by default the projector in a thread)."""
     import uvicorn
 
-    app = create_app(db_path, settings, projector=projector)
-    print(f"ledger api: dashboard at http://{host}:{port}/  (OpenAPI at /docs, store {db_path})", flush=True)
+    app = create_app(target, settings, projector=projector)
+    print(f"ledger api: dashboard at http://{host}:{port}/  (OpenAPI at /docs, store {display(target)})", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -4,7 +4,7 @@ It assigns every partition of the three topics itself (no consumer group: there 
 store, and the store, not Kafka, holds its offsets) and starts each partition at the offset stored with
 the rows, so restarting after a crash continues exactly where the last committed batch ended.
 
-The loop: consume up to `batch_size` records -> decode -> `Store.apply` (rows + offsets, one SQLite
+The loop: consume up to `batch_size` records -> decode -> `Store.apply` (rows + offsets, one database
 transaction) -> every second, record the end offsets so readers can show the lag.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from projections.db import display
 from projections.store import TOPICS, Record, Store
 from schemas.codec import DecodeError, codec
 from streams.config import Settings
@@ -181,9 +182,9 @@ def _watermark(consumer: Consumer, topic: str, partition: int, attempts: int = 5
     raise AssertionError("unreachable")
 
 
-def catch_up(settings: Settings, db_path: str | Path, timeout_s: float = 60.0) -> Progress:
+def catch_up(settings: Settings, target: str | Path, timeout_s: float = 60.0) -> Progress:
     """Apply everything up to the end offsets seen at the start, then return (tests, one-shot rebuilds)."""
-    store = Store(db_path, settings.prefix)
+    store = Store(target, settings.prefix)
     projector = Projector(settings, store)
     try:
         ends = projector.end_offsets()
@@ -200,12 +201,12 @@ def catch_up(settings: Settings, db_path: str | Path, timeout_s: float = 60.0) -
         store.close()
 
 
-def run(settings: Settings, db_path: str | Path, stop_event: threading.Event,
+def run(settings: Settings, target: str | Path, stop_event: threading.Event,
         on_batch: Callable[[Progress], None] | None = None) -> Progress:
     """Project until stop_event is set (the `ledger projector` loop, or a thread of `ledger api`)."""
-    store = Store(db_path, settings.prefix)
+    store = Store(target, settings.prefix)
     projector = Projector(settings, store)
-    log.info("projector: %s -> %s from offsets %s", settings.prefix, db_path, store.offsets() or "0")
+    log.info("projector: %s -> %s from offsets %s", settings.prefix, display(target), store.offsets() or "0")
     try:
         while not stop_event.is_set():
             if projector.step() and on_batch is not None:
@@ -217,7 +218,7 @@ def run(settings: Settings, db_path: str | Path, stop_event: threading.Event,
         store.close()
 
 
-def main(settings: Settings, db_path: str | Path, report_every_s: float = 10.0) -> int:
+def main(settings: Settings, target: str | Path, report_every_s: float = 10.0) -> int:
     """`ledger projector`: run until SIGINT/SIGTERM, logging progress and lag now and then."""
     import signal
 
@@ -231,7 +232,7 @@ def main(settings: Settings, db_path: str | Path, report_every_s: float = 10.0) 
             last[0] = time.monotonic()
             print(f"projector: {progress.applied} records applied, lag {progress.lag}", flush=True)
 
-    print(f"projector: {settings.prefix}* -> {db_path}", flush=True)
-    progress = run(settings, db_path, stop, on_batch=report)
+    print(f"projector: {settings.prefix}* -> {display(target)}", flush=True)
+    progress = run(settings, target, stop, on_batch=report)
     print(f"projector: stopped after {progress.applied} records", flush=True)
     return 0

@@ -2,9 +2,10 @@
 
 A rebuild starts from offset 0 (or given offsets, or the offsets of a timestamp) and stops at fixed end
 offsets, so the result is a function of a fixed prefix of the log. To compare with a live store that keeps
-moving, replay first takes a consistent copy of it (SQLite's online backup: one snapshot, rows and offsets
-together), then rebuilds up to exactly the copy's offsets and compares canonical hashes. On a mismatch it
-names the first differing account (in account id order).
+moving, replay first reads the live store's offsets and account digests in one read transaction (one
+snapshot: rows and offsets of the same instant), then rebuilds up to exactly those offsets and compares
+canonical hashes. On a mismatch it names the first differing account (in account id order). The stores may
+be SQLite or PostgreSQL, even one of each: the hash covers values, not the database.
 
 Caveat: balances is a compacted topic. Compaction only removes a record after a newer one of the same key
 (min.compaction.lag.ms 60 s), so a rebuild reaching the live offsets sees the same latest rows, unless the
@@ -12,7 +13,6 @@ newer record lies beyond the live offsets; the hash then names that account. Com
 """
 from __future__ import annotations
 
-import sqlite3
 import tempfile
 import time
 import uuid
@@ -22,8 +22,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
+from projections import db
 from projections.projector import Projector, TopicPartitionKey
-from projections.store import TOPICS, Store, connect, first_difference, projection_hash
+from projections.store import TOPICS, Store, account_digests, digests_hash, first_difference, projection_hash
 from streams.config import Settings
 
 
@@ -108,19 +109,19 @@ def parse_offsets(text: str) -> dict[TopicPartitionKey, int]:
     return result
 
 
-def rebuild(settings: Settings, db_path: str | Path, *, start: dict[TopicPartitionKey, int] | None = None,
+def rebuild(settings: Settings, target: str | Path, *, start: dict[TopicPartitionKey, int] | None = None,
             until: dict[TopicPartitionKey, int] | None = None, progress: bool = True,
             batch_size: int = 10000) -> ReplayResult:
     """Project the topics into a fresh store, from `start` (default: the beginning) up to `until`
-    (default: the end offsets now). The store must not exist: a rebuild never mixes with old rows."""
-    db_path = Path(db_path)
-    if db_path.exists():
-        raise FileExistsError(f"{db_path} exists; a replay writes a fresh store")
+    (default: the end offsets now). The store must not exist (no SQLite file, no tables in the PostgreSQL
+    schema): a rebuild never mixes with old rows."""
+    if db.exists(target):
+        raise FileExistsError(f"{db.display(target)} exists; a replay writes a fresh store")
     marks = watermarks(settings)
     until = {k: high for k, (_, high) in marks.items()} if until is None else until
     begin = {k: max(low, (start or {}).get(k, 0)) for k, (low, _) in marks.items()}
     total = sum(max(until.get(k, 0) - begin[k], 0) for k in marks)
-    store = Store(db_path, settings.prefix)
+    store = Store(target, settings.prefix)
     projector = Projector(settings, store, start={k: begin[k] for k in marks}, until=until, batch_size=batch_size)
     t0 = time.perf_counter()
     try:
@@ -148,42 +149,36 @@ def _bar(enabled: bool):
                     TimeRemainingColumn(), disable=not enabled)
 
 
-def snapshot(live_db: str | Path, copy_path: str | Path) -> dict[TopicPartitionKey, int]:
-    """A consistent copy of a live store (rows and offsets of one instant); returns its offsets."""
-    source = sqlite3.connect(f"file:{Path(live_db)}?mode=ro", uri=True)
-    target = sqlite3.connect(str(copy_path))
+def snapshot(live: str | Path) -> tuple[dict[TopicPartitionKey, int], dict[str, str]]:
+    """The offsets and account digests of a live store at one instant (one read transaction), while the
+    projector goes on writing."""
+    store = Store(live, readonly=True)
     try:
-        source.backup(target)
+        with db.transaction(store.conn, snapshot=True):
+            return store.offsets(), dict(account_digests(store.conn))
     finally:
-        source.close()
-        target.close()
-    copy = Store(copy_path, readonly=True)
+        store.close()
+
+
+def compare(live: dict[str, str], rebuilt: str | Path) -> Comparison:
+    """The live digests (from `snapshot`) against a rebuilt store."""
+    store = Store(rebuilt, readonly=True)
     try:
-        return copy.offsets()
+        ours = dict(account_digests(store.conn))
     finally:
-        copy.close()
+        store.close()
+    live_hash, rebuilt_hash = digests_hash(sorted(live.items())), digests_hash(sorted(ours.items()))
+    return Comparison(live_hash, rebuilt_hash, None if live_hash == rebuilt_hash else first_difference(live, ours))
 
 
-def compare(live_db: str | Path, rebuilt_db: str | Path) -> Comparison:
-    a, b = connect(live_db, readonly=True), connect(rebuilt_db, readonly=True)
-    try:
-        live, rebuilt = projection_hash(a), projection_hash(b)
-        return Comparison(live, rebuilt, None if live == rebuilt else first_difference(a, b))
-    finally:
-        a.close()
-        b.close()
-
-
-def replay_against(settings: Settings, live_db: str | Path, into: str | Path,
+def replay_against(settings: Settings, live: str | Path, into: str | Path,
                    progress: bool = True) -> tuple[ReplayResult, Comparison]:
     """Rebuild from offset 0 up to a snapshot of the live store's offsets and compare the two."""
-    with tempfile.TemporaryDirectory(prefix="ledger-replay-") as tmp:
-        copy = Path(tmp) / "live-snapshot.db"
-        offsets = snapshot(live_db, copy)
-        # A partition the live store never read is at 0 there: the rebuild reads nothing from it either.
-        until = {(t, p): offsets.get((t, p), 0) for t in TOPICS for p in range(settings.partitions)}
-        result = rebuild(settings, into, until=until, progress=progress)
-        return result, compare(copy, into)
+    offsets, digests = snapshot(live)
+    # A partition the live store never read is at 0 there: the rebuild reads nothing from it either.
+    until = {(t, p): offsets.get((t, p), 0) for t in TOPICS for p in range(settings.partitions)}
+    result = rebuild(settings, into, until=until, progress=progress)
+    return result, compare(digests, into)
 
 
 def raw_consume_rate(settings: Settings) -> tuple[int, float]:
@@ -212,15 +207,25 @@ def raw_consume_rate(settings: Settings) -> tuple[int, float]:
         consumer.close()
 
 
-def measure(settings: Settings) -> dict[str, float]:
-    """Replay records/s next to the raw consumer's, same topics, same run."""
+def measure(settings: Settings, pg_url: str | None = None) -> dict[str, float]:
+    """Replay records/s next to the raw consumer's, same topics, same run; with pg_url, also the replay
+    rate into PostgreSQL (a fresh schema there, dropped afterwards)."""
     raw_records, raw_s = raw_consume_rate(settings)
     with tempfile.TemporaryDirectory(prefix="ledger-replay-bench-") as tmp:
         result = rebuild(settings, Path(tmp) / "bench.db", progress=False)
     raw_rps = raw_records / raw_s if raw_s else 0.0
-    return {"records": result.records, "replay_s": result.seconds, "replay_rps": result.records_per_s,
-            "raw_records": raw_records, "raw_s": raw_s, "raw_rps": raw_rps,
-            "ratio": result.records_per_s / raw_rps if raw_rps else 0.0}
+    figures = {"records": result.records, "replay_s": result.seconds, "replay_rps": result.records_per_s,
+               "raw_records": raw_records, "raw_s": raw_s, "raw_rps": raw_rps,
+               "ratio": result.records_per_s / raw_rps if raw_rps else 0.0}
+    if pg_url:
+        target = db.with_schema(pg_url, f"replay_bench_{uuid.uuid4().hex[:8]}")
+        try:
+            pg = rebuild(settings, target, progress=False)
+        finally:
+            db.drop_schema(target)
+        figures.update(pg_replay_s=pg.seconds, pg_replay_rps=pg.records_per_s,
+                       pg_ratio=pg.records_per_s / raw_rps if raw_rps else 0.0)
+    return figures
 
 
 def run_cli(settings: Settings, into: str | None, against: str | None, from_offsets: str | None,
@@ -230,9 +235,13 @@ def run_cli(settings: Settings, into: str | None, against: str | None, from_offs
     from rich.console import Console
 
     console = Console(stderr=True)
-    into = into or str(Path(tempfile.mkdtemp(prefix="ledger-replay-")) / "rebuilt.db")
-    if Path(into).exists():
-        console.print(f"[red]error:[/] {into} exists; give a path for a fresh store")
+    if into is None:
+        # Next to a PostgreSQL live store: a new schema of the same database; else a temporary SQLite file.
+        into = (db.with_schema(against, f"replay_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:4]}")
+                if against and db.is_postgres(against) else
+                str(Path(tempfile.mkdtemp(prefix="ledger-replay-")) / "rebuilt.db"))
+    if db.exists(into):
+        console.print(f"[red]error:[/] {db.display(into)} exists; give a fresh store (a new path, or a new schema)")
         return 2
     start = None
     try:
@@ -250,13 +259,13 @@ def run_cli(settings: Settings, into: str | None, against: str | None, from_offs
         result, cmp = replay_against(settings, against, into, progress)
     else:
         result, cmp = rebuild(settings, into, start=start, progress=progress), None
-    console.print(f"rebuilt {into}: {result.records} records in {result.seconds:.2f} s "
+    console.print(f"rebuilt {db.display(into)}: {result.records} records in {result.seconds:.2f} s "
                   f"({result.records_per_s:,.0f} rec/s)")
     console.print(f"hash {result.hash}")
     if cmp is None:
         return 0
     if cmp.equal:
-        console.print(f"[green]OK[/]: rebuilt projection equals {against} ({cmp.live_hash})")
+        console.print(f"[green]OK[/]: rebuilt projection equals {db.display(against)} ({cmp.live_hash})")
         return 0
     console.print(f"[red]MISMATCH[/]: live {cmp.live_hash} != rebuilt {cmp.rebuilt_hash}; "
                   f"first differing account: {cmp.first_difference}")

@@ -1,16 +1,20 @@
-"""The read store: a SQLite projection of the balances, history and results topics.
+"""The read store: a SQLite or PostgreSQL projection of the balances, history and results topics.
 
 Readers (the API, the dashboard, replay's comparison) never touch the workers' state; they read this.
+A store is named by a target: a SQLite path by default, or a `postgresql://` URL (`projections/db.py`
+holds the small dialect layer; the schema, the queries and the tests are the same for both).
 
 Why it is crash-safe: `apply()` writes a batch of records AND the next offset of every partition it read
-in ONE SQLite transaction (WAL journal, synchronous=NORMAL is durable against a process crash). The
+in ONE database transaction (SQLite: WAL journal, synchronous=NORMAL is durable against a process crash;
+PostgreSQL: a committed transaction is durable). The
 projector resumes from the stored offsets, so after a kill -9 it neither skips a record (the offsets did
 not move without the rows) nor applies one twice (the rows did not land without the offsets). Applying a
 record again anyway (a worker re-emitting its outputs after its own crash, or a replay over a copy) is
 harmless: history and results are keyed by their ids, a balance only replaces one with a lower seq.
 
 Why amounts are TEXT: balances are signed 128-bit integers of minor units (P9). SQLite integers are
-64 bits (9.2 ETH in wei already overflows) and its SUM() falls back to REAL, a float. So every sum is
+64 bits (9.2 ETH in wei already overflows) and its SUM() falls back to REAL, a float; PostgreSQL's BIGINT is
+64 bits too, and NUMERIC would be a second representation to keep exact in two dialects. So every sum is
 computed in Python ints while applying, and stored as decimal strings: `account_views` (system shards
 summed into `sys:x:CUR`) and `currency_sums` (Σ posted per currency) are maintained in the same
 transaction instead of being SQL views.
@@ -19,53 +23,57 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
+from projections import db
+from projections.db import Connection, transaction
 from streams import routing
 
 TOPICS = ("balances", "history", "results")
 
+# One schema for both databases (db.create_tables drops `WITHOUT ROWID` and makes text bytewise-ordered for
+# PostgreSQL). BIGINT: offsets, seqs and millisecond times overflow PostgreSQL's 32-bit INTEGER; in SQLite it
+# is the same 64-bit integer affinity as INTEGER.
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 -- Next offset to read per topic partition; written in the same transaction as the rows it covers.
-CREATE TABLE IF NOT EXISTS offsets (topic TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+CREATE TABLE IF NOT EXISTS offsets (topic TEXT NOT NULL, partition BIGINT NOT NULL, next_offset BIGINT NOT NULL,
     PRIMARY KEY (topic, partition));
 -- End offsets the projector saw last, for the lag (not part of the projection).
-CREATE TABLE IF NOT EXISTS end_offsets (topic TEXT NOT NULL, partition INTEGER NOT NULL, end_offset INTEGER NOT NULL,
-    seen_at_ms INTEGER NOT NULL, PRIMARY KEY (topic, partition));
+CREATE TABLE IF NOT EXISTS end_offsets (topic TEXT NOT NULL, partition BIGINT NOT NULL, end_offset BIGINT NOT NULL,
+    seen_at_ms BIGINT NOT NULL, PRIMARY KEY (topic, partition));
 -- Latest balance record per account id as published (system accounts: one row per shard, sys:x:CUR@n).
 CREATE TABLE IF NOT EXISTS accounts (account_id TEXT PRIMARY KEY, base_id TEXT NOT NULL, currency TEXT NOT NULL,
-    status TEXT NOT NULL, posted TEXT NOT NULL, held TEXT NOT NULL, available TEXT NOT NULL, seq INTEGER NOT NULL,
-    last_transaction_id TEXT, updated_at_ms INTEGER NOT NULL, version INTEGER NOT NULL);
+    status TEXT NOT NULL, posted TEXT NOT NULL, held TEXT NOT NULL, available TEXT NOT NULL, seq BIGINT NOT NULL,
+    last_transaction_id TEXT, updated_at_ms BIGINT NOT NULL, version BIGINT NOT NULL);
 CREATE INDEX IF NOT EXISTS accounts_base ON accounts (base_id);
 -- The reported view: one row per account as users see it (system shards summed). seq of a system account is
 -- the sum of its shards' seqs: it still grows by one per change, so it works as a version.
 CREATE TABLE IF NOT EXISTS account_views (account_id TEXT PRIMARY KEY, currency TEXT NOT NULL, status TEXT NOT NULL,
-    posted TEXT NOT NULL, held TEXT NOT NULL, available TEXT NOT NULL, seq INTEGER NOT NULL, shards INTEGER NOT NULL,
-    last_transaction_id TEXT, updated_at_ms INTEGER NOT NULL, nonzero_since_ms INTEGER, version INTEGER NOT NULL);
+    posted TEXT NOT NULL, held TEXT NOT NULL, available TEXT NOT NULL, seq BIGINT NOT NULL, shards BIGINT NOT NULL,
+    last_transaction_id TEXT, updated_at_ms BIGINT NOT NULL, nonzero_since_ms BIGINT, version BIGINT NOT NULL);
 CREATE INDEX IF NOT EXISTS account_views_version ON account_views (version);
 CREATE TABLE IF NOT EXISTS currency_sums (currency TEXT PRIMARY KEY, posted TEXT NOT NULL);
 -- The account journal: one row per history entry, entry_id = account_id#seq.
-CREATE TABLE IF NOT EXISTS history (account_id TEXT NOT NULL, seq INTEGER NOT NULL, entry_id TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS history (account_id TEXT NOT NULL, seq BIGINT NOT NULL, entry_id TEXT NOT NULL,
     currency TEXT NOT NULL, amount TEXT NOT NULL, posted_after TEXT NOT NULL, held_after TEXT NOT NULL,
-    transaction_id TEXT, kind TEXT NOT NULL, reference TEXT, hold_id TEXT, occurred_at_ms INTEGER NOT NULL,
-    at_ms INTEGER NOT NULL, command_id TEXT NOT NULL, client_id TEXT NOT NULL, PRIMARY KEY (account_id, seq))
+    transaction_id TEXT, kind TEXT NOT NULL, reference TEXT, hold_id TEXT, occurred_at_ms BIGINT NOT NULL,
+    at_ms BIGINT NOT NULL, command_id TEXT NOT NULL, client_id TEXT NOT NULL, PRIMARY KEY (account_id, seq))
     WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS history_transaction ON history (transaction_id) WHERE transaction_id IS NOT NULL;
 -- The decision for each command (duplicates answer the original and are not stored).
 CREATE TABLE IF NOT EXISTS results (client_id TEXT NOT NULL, command_id TEXT NOT NULL, outcome TEXT NOT NULL,
-    reason TEXT, detail TEXT NOT NULL, transaction_id TEXT, at_ms INTEGER NOT NULL, holds TEXT NOT NULL,
+    reason TEXT, detail TEXT NOT NULL, transaction_id TEXT, at_ms BIGINT NOT NULL, holds TEXT NOT NULL,
     PRIMARY KEY (client_id, command_id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS results_at ON results (at_ms);
 CREATE INDEX IF NOT EXISTS results_outcome ON results (outcome, reason);
 CREATE INDEX IF NOT EXISTS results_transaction ON results (transaction_id) WHERE transaction_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS holds (hold_id TEXT PRIMARY KEY, account_id TEXT NOT NULL, amount TEXT NOT NULL,
-    captured TEXT NOT NULL, released TEXT NOT NULL, status TEXT NOT NULL, expires_at_ms INTEGER,
-    updated_at_ms INTEGER NOT NULL);
+    captured TEXT NOT NULL, released TEXT NOT NULL, status TEXT NOT NULL, expires_at_ms BIGINT,
+    updated_at_ms BIGINT NOT NULL);
 CREATE INDEX IF NOT EXISTS holds_account ON holds (account_id, status);
 """
 
@@ -74,6 +82,37 @@ HISTORY_FIELDS = ("account_id", "seq", "entry_id", "currency", "amount", "posted
                   "client_id")
 ACCOUNT_FIELDS = ("account_id", "currency", "status", "posted", "held", "available", "seq",
                   "last_transaction_id", "updated_at_ms")
+RESULT_COLUMNS = ("client_id", "command_id", "outcome", "reason", "detail", "transaction_id", "at_ms", "holds")
+HOLD_COLUMNS = ("hold_id", "account_id", "amount", "captured", "released", "status", "expires_at_ms",
+                "updated_at_ms")
+ACCOUNT_COLUMNS = ("account_id", "base_id", "currency", "status", "posted", "held", "available", "seq",
+                   "last_transaction_id", "updated_at_ms", "version")
+VIEW_COLUMNS = ("account_id", "currency", "status", "posted", "held", "available", "seq", "shards",
+                "last_transaction_id", "updated_at_ms", "nonzero_since_ms", "version")
+
+
+def upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...], update: bool = True) -> str:
+    """INSERT ... ON CONFLICT: replace the non-key columns (update) or keep the stored row. One statement
+    for both databases (SQLite 3.24+, PostgreSQL 9.5+), instead of SQLite's INSERT OR REPLACE / IGNORE."""
+    sql = (f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))}) "
+           f"ON CONFLICT ({', '.join(key)}) DO ")
+    if not update:
+        return sql + "NOTHING"
+    return sql + "UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+
+
+INSERT_HISTORY = upsert("history", HISTORY_FIELDS, ("account_id", "seq"), update=False)
+REPLACE_RESULT = upsert("results", RESULT_COLUMNS, ("client_id", "command_id"))
+KEEP_RESULT = upsert("results", RESULT_COLUMNS, ("client_id", "command_id"), update=False)
+REPLACE_HOLD = upsert("holds", HOLD_COLUMNS, ("hold_id",))
+REPLACE_ACCOUNT = upsert("accounts", ACCOUNT_COLUMNS, ("account_id",))
+REPLACE_VIEW = upsert("account_views", VIEW_COLUMNS, ("account_id",))
+REPLACE_SUM = upsert("currency_sums", ("currency", "posted"), ("currency",))
+REPLACE_META = upsert("meta", ("key", "value"), ("key",))
+REPLACE_END = upsert("end_offsets", ("topic", "partition", "end_offset", "seen_at_ms"), ("topic", "partition"))
+# Offsets only ever move forward (a batch re-applied out of order must not move them back).
+ADVANCE_OFFSET = (upsert("offsets", ("topic", "partition", "next_offset"), ("topic", "partition"))
+                  + " WHERE excluded.next_offset > offsets.next_offset")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,29 +129,16 @@ class PrefixMismatch(RuntimeError):
     """The store was built from another ledger's topics; mixing them would corrupt it."""
 
 
-def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
-    """A connection in autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT)."""
-    if readonly:
-        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, isolation_level=None,
-                               check_same_thread=False, timeout=10)
-    else:
-        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode loses nothing on a process crash (only on power loss, the last commits): the
-        # offsets are lost together with their rows, so even then nothing is skipped or double-applied.
-        conn.execute("PRAGMA synchronous=NORMAL")
-    conn.row_factory = sqlite3.Row
-    return conn
-
-
 class Store:
-    """The writer side (one per database: the projector) plus the queries every reader shares."""
+    """The writer side (one per database: the projector) plus the queries every reader shares.
 
-    def __init__(self, path: str | Path, prefix: str | None = None, readonly: bool = False):
-        self.path = Path(path)
-        self.conn = connect(self.path, readonly)
+    `target`: a SQLite path, or a `postgresql://` URL (its `schema` parameter names the store's schema)."""
+
+    def __init__(self, target: str | Path, prefix: str | None = None, readonly: bool = False):
+        self.target = str(target)
+        self.conn = db.connect(self.target, readonly)
         if not readonly:
-            self.conn.executescript(SCHEMA)
+            db.create_tables(self.conn, SCHEMA)
             if prefix is not None:
                 self._bind_prefix(prefix)
 
@@ -121,7 +147,7 @@ class Store:
         if row is None:
             self.conn.execute("INSERT INTO meta VALUES ('prefix', ?)", (prefix,))
         elif row[0] != prefix:
-            raise PrefixMismatch(f"{self.path} holds a projection of prefix {row[0]!r}, not {prefix!r}")
+            raise PrefixMismatch(f"{db.display(self.target)} holds a projection of prefix {row[0]!r}, not {prefix!r}")
 
     def close(self) -> None:
         self.conn.close()
@@ -134,7 +160,7 @@ class Store:
     def apply(self, records: Iterable[Record], next_offsets: dict[tuple[str, int], int]) -> int:
         """Apply a batch and move the offsets, atomically. Returns the store version this batch wrote.
 
-        1. BEGIN IMMEDIATE (one writer; readers keep their snapshot).
+        1. Begin the writer's transaction (one writer; readers keep their snapshot).
         2. History and results: insert by id, ignoring what is already there (re-emissions are identical).
         3. Balances: collapse the batch to the highest seq per account, replace only a lower stored seq,
            keep Σ per currency exact from the old and new posted values, re-sum touched system accounts.
@@ -145,24 +171,15 @@ class Store:
         for r in records:
             by_topic[r.topic].append(r.value)
         c = self.conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(c):
             version = int(c.execute("SELECT COALESCE((SELECT value FROM meta WHERE key='version'), '0')")
                           .fetchone()[0]) + 1
-            c.execute("INSERT OR REPLACE INTO meta VALUES ('version', ?)", (str(version),))
+            c.execute(REPLACE_META, ("version", str(version)))
             if by_topic["history"]:
-                c.executemany(f"INSERT OR IGNORE INTO history VALUES ({','.join('?' * len(HISTORY_FIELDS))})",
-                              [tuple(v[f] for f in HISTORY_FIELDS) for v in by_topic["history"]])
+                c.executemany(INSERT_HISTORY, [tuple(v[f] for f in HISTORY_FIELDS) for v in by_topic["history"]])
             self._apply_results(by_topic["results"])
             self._apply_balances(by_topic["balances"], version)
-            c.executemany(
-                "INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, partition) DO UPDATE SET "
-                "next_offset = max(next_offset, excluded.next_offset)",
-                [(t, p, o) for (t, p), o in next_offsets.items()])
-            c.execute("COMMIT")
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
+            c.executemany(ADVANCE_OFFSET, [(t, p, o) for (t, p), o in next_offsets.items()])
         return version
 
     def _apply_results(self, results: list[dict]) -> None:
@@ -176,15 +193,14 @@ class Store:
             (conflicts if v["reason"] == "id_conflict" else rows).append(row)
             for h in v["holds"]:
                 holds[h["hold_id"]] = _newer_hold(holds.get(h["hold_id"]), {**h, "updated_at_ms": v["at_ms"]})
-        self.conn.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?,?,?)", rows)
-        self.conn.executemany("INSERT OR IGNORE INTO results VALUES (?,?,?,?,?,?,?,?)", conflicts)
+        self.conn.executemany(REPLACE_RESULT, rows)
+        self.conn.executemany(KEEP_RESULT, conflicts)
         for hold_id, h in holds.items():
             old = self.conn.execute("SELECT * FROM holds WHERE hold_id = ?", (hold_id,)).fetchone()
             if old is not None and _newer_hold(dict(old), h) is not h:
                 continue
-            self.conn.execute("INSERT OR REPLACE INTO holds VALUES (?,?,?,?,?,?,?,?)",
-                              (hold_id, h["account_id"], h["amount"], h["captured"], h["released"], h["status"],
-                               h["expires_at_ms"], h["updated_at_ms"]))
+            self.conn.execute(REPLACE_HOLD, (hold_id, h["account_id"], h["amount"], h["captured"], h["released"],
+                                             h["status"], h["expires_at_ms"], h["updated_at_ms"]))
 
     def _apply_balances(self, balances: list[dict], version: int) -> None:
         latest: dict[str, dict] = {}
@@ -201,13 +217,13 @@ class Store:
             sums[v["currency"]] += int(v["posted"]) - (int(old["posted"]) if old is not None else 0)
             base = routing.unsharded(account_id)
             bases.add(base)
-            self.conn.execute("INSERT OR REPLACE INTO accounts VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                              (account_id, base, v["currency"], v["status"], v["posted"], v["held"], v["available"],
-                               v["seq"], v["last_transaction_id"], v["updated_at_ms"], version))
+            self.conn.execute(REPLACE_ACCOUNT, (account_id, base, v["currency"], v["status"], v["posted"], v["held"],
+                                                v["available"], v["seq"], v["last_transaction_id"],
+                                                v["updated_at_ms"], version))
         for currency, delta in sums.items():
             row = self.conn.execute("SELECT posted FROM currency_sums WHERE currency = ?", (currency,)).fetchone()
             total = (int(row[0]) if row else 0) + delta
-            self.conn.execute("INSERT OR REPLACE INTO currency_sums VALUES (?, ?)", (currency, str(total)))
+            self.conn.execute(REPLACE_SUM, (currency, str(total)))
         for base in bases:
             self._refresh_view(base, version)
 
@@ -224,15 +240,13 @@ class Store:
         if posted != 0:
             since = old["nonzero_since_ms"] if old is not None and int(old["posted"]) != 0 else newest["updated_at_ms"]
         status = newest["status"] if len(shards) == 1 else "open"
-        self.conn.execute("INSERT OR REPLACE INTO account_views VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                          (base, newest["currency"], status, str(posted), str(held), str(available),
-                           sum(s["seq"] for s in shards), len(shards), newest["last_transaction_id"],
-                           newest["updated_at_ms"], since, version))
+        self.conn.execute(REPLACE_VIEW, (base, newest["currency"], status, str(posted), str(held), str(available),
+                                         sum(s["seq"] for s in shards), len(shards), newest["last_transaction_id"],
+                                         newest["updated_at_ms"], since, version))
 
     def record_end_offsets(self, ends: dict[tuple[str, int], int], now_ms: int) -> None:
         """Remember the end offsets seen (for the lag readers show); outside the projection proper."""
-        self.conn.executemany("INSERT OR REPLACE INTO end_offsets VALUES (?, ?, ?, ?)",
-                              [(t, p, o, now_ms) for (t, p), o in ends.items()])
+        self.conn.executemany(REPLACE_END, [(t, p, o, now_ms) for (t, p), o in ends.items()])
 
     # --- reading ------------------------------------------------------------------------------------------
     def version(self) -> int:
@@ -242,9 +256,10 @@ class Store:
     def lag(self) -> dict[str, int]:
         """Records behind per topic: end offset seen by the projector - next offset applied."""
         rows = self.conn.execute(
-            "SELECT e.topic, SUM(MAX(e.end_offset - COALESCE(o.next_offset, 0), 0)) AS lag FROM end_offsets e "
+            "SELECT e.topic, SUM(CASE WHEN e.end_offset > COALESCE(o.next_offset, 0) "
+            "THEN e.end_offset - COALESCE(o.next_offset, 0) ELSE 0 END) AS lag FROM end_offsets e "
             "LEFT JOIN offsets o ON o.topic = e.topic AND o.partition = e.partition GROUP BY e.topic")
-        return {r["topic"]: r["lag"] for r in rows}
+        return {r["topic"]: int(r["lag"]) for r in rows}  # PostgreSQL sums BIGINT into NUMERIC
 
     def currency_sums(self) -> dict[str, int]:
         return {r["currency"]: int(r["posted"]) for r in self.conn.execute("SELECT * FROM currency_sums")}
@@ -256,14 +271,14 @@ class Store:
         return [{"currency": r["currency"], "posted": int(r["posted"]), "since_ms": r["nonzero_since_ms"]}
                 for r in rows]
 
-    def view(self, account_id: str) -> sqlite3.Row | None:
+    def view(self, account_id: str) -> Any:
         """The account as reported: a shard id reads its shard, any other id the (summed) view."""
         if routing.SHARD_MARK in account_id:
             return self.conn.execute("SELECT *, 1 AS shards, NULL AS nonzero_since_ms FROM accounts "
                                      "WHERE account_id = ?", (account_id,)).fetchone()
         return self.conn.execute("SELECT * FROM account_views WHERE account_id = ?", (account_id,)).fetchone()
 
-    def shards(self, base_id: str) -> list[sqlite3.Row]:
+    def shards(self, base_id: str) -> list:
         return self.conn.execute("SELECT * FROM accounts WHERE base_id = ? ORDER BY account_id",
                                  (base_id,)).fetchall()
 
@@ -278,11 +293,12 @@ def _newer_hold(old: dict | None, new: dict) -> dict:
 
 
 # --- canonical hash (P7) ------------------------------------------------------------------------------------
-def account_digests(conn: sqlite3.Connection) -> Iterator[tuple[str, str]]:
+def account_digests(conn: Connection) -> Iterator[tuple[str, str]]:
     """(account_id, sha256 of its balance row and every history entry), in account id order.
 
     The account rows are the published shards (not the derived views) and the history entries all their
-    fields, each as canonical JSON, so two stores hash equal exactly when they project the same records.
+    fields, each as canonical JSON, so two stores hash equal exactly when they project the same records
+    (whichever database holds them: both return ints and strings for the same rows).
     """
     accounts = {r["account_id"]: r for r in conn.execute(
         f"SELECT {', '.join(ACCOUNT_FIELDS)} FROM accounts")}
@@ -297,17 +313,21 @@ def account_digests(conn: sqlite3.Connection) -> Iterator[tuple[str, str]]:
         yield account_id, hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
 
 
-def projection_hash(conn: sqlite3.Connection) -> str:
-    """One hash over every account digest (sorted by account id)."""
+def digests_hash(digests: Iterable[tuple[str, str]]) -> str:
+    """One hash over account digests given in account id order."""
     total = hashlib.sha256()
-    for account_id, digest in account_digests(conn):
+    for account_id, digest in digests:
         total.update(f"{account_id}\0{digest}\n".encode())
     return total.hexdigest()
 
 
-def first_difference(a: sqlite3.Connection, b: sqlite3.Connection) -> str | None:
-    """The first account id (in sorted order) whose projection differs between two stores, else None."""
-    left, right = dict(account_digests(a)), dict(account_digests(b))
+def projection_hash(conn: Connection) -> str:
+    """One hash over every account digest of a store (sorted by account id)."""
+    return digests_hash(account_digests(conn))
+
+
+def first_difference(left: Mapping[str, str], right: Mapping[str, str]) -> str | None:
+    """The first account id (in sorted order) whose digest differs between two stores, else None."""
     for account_id in sorted(set(left) | set(right)):
         if left.get(account_id) != right.get(account_id):
             return account_id
