@@ -33,8 +33,9 @@ run: install
 demo: install
 	scripts/with-broker.sh $(BIN)/ledger demo
 
+# The broker and a PostgreSQL server (the read store's second backend), each started here unless running.
 test: install
-	scripts/with-broker.sh $(BIN)/pytest -q $(PYTEST_ARGS)
+	scripts/with-broker.sh scripts/with-postgres.sh $(BIN)/pytest -q $(PYTEST_ARGS)
 
 test-core: $(STAMP)
 	$(BIN)/pytest -q tests/core
@@ -46,7 +47,7 @@ bench-client: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/client_bench.py
 
 bench-read: install
-	scripts/with-broker.sh $(BIN)/python benchmarks/replay_bench.py
+	scripts/with-broker.sh scripts/with-postgres.sh $(BIN)/python benchmarks/replay_bench.py
 
 bench-core: $(STAMP)
 	$(BIN)/python benchmarks/core_bench.py
@@ -55,4 +56,5 @@ soak: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/kill_soak.py
 
 clean: broker-stop
+	scripts/postgres.sh stop
 	rm -rf .state
