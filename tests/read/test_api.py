@@ -1,4 +1,5 @@
-"""The read API over a caught-up store: views, pagination, as-of, holds, transactions, errors, RYW."""
+"""The read API over a caught-up store (SQLite and PostgreSQL): views, pagination, as-of, holds, transactions,
+errors, RYW."""
 from __future__ import annotations
 
 import time
@@ -14,8 +15,8 @@ USDT = 10**6
 
 
 @pytest.fixture(scope="module")
-def api(ledger_run):
-    with TestClient(create_app(ledger_run.db, ledger_run.settings, min_seq_timeout_s=0.5)) as client:
+def api(ledger_run, read_db):
+    with TestClient(create_app(read_db, ledger_run.settings, min_seq_timeout_s=0.5)) as client:
         yield client
 
 
@@ -109,17 +110,18 @@ def test_read_your_writes_times_out_with_504(api):
     assert 0.4 < time.monotonic() - t0 < 3
 
 
-def test_read_your_writes_waits_for_the_projector(ledger_run, tmp_path):
+def test_read_your_writes_waits_for_the_projector(ledger_run, backend, new_store):
     # A fresh store with the projector running in the API process: a write is visible once projected.
-    app = create_app(tmp_path / "live.db", ledger_run.settings, projector=True)
+    app = create_app(new_store("live"), ledger_run.settings, projector=True)
+    command_id = f"ryw-{backend}"  # one new write per backend (the same id again would be a duplicate)
     with TestClient(app) as api:
         before = api.get(f"/accounts/{PAGER}", params={"min_seq": DEPOSITS + 2}).json()["seq"]
-        ledger_run.client.post("ryw-1", [Leg("sys:world:USD", -1), Leg(PAGER, 1)], kind="deposit")
+        ledger_run.client.post(command_id, [Leg("sys:world:USD", -1), Leg(PAGER, 1)], kind="deposit")
         ledger_run.client.flush()
         after = api.get(f"/accounts/{PAGER}", params={"min_seq": before + 1})
         assert after.status_code == 200 and after.json()["seq"] == before + 1
         assert api.get(f"/accounts/{PAGER}/history", params={"cursor": before}).json()["entries"][0]["command_id"] \
-            == "ryw-1"
+            == command_id
         # The live feed: the SSE stream sends the changed views and stats, bounded by max_s for the test.
         with api.stream("GET", "/events", params={"since": 0, "max_s": 1}) as stream:
             text = "".join(stream.iter_text())

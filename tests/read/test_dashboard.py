@@ -37,10 +37,10 @@ def chromium(url: str, profile: Path, *extra: str, timeout_s: float = 30) -> str
 
 
 @pytest.fixture
-def served(ledger_run, tmp_path):
-    """The API with its projector on a fresh store, served by uvicorn on a free loopback port."""
+def served(ledger_run, new_store):
+    """The API with its projector on a fresh store (each backend), served by uvicorn on a free loopback port."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(tmp_path / "dash.db", ledger_run.settings, projector=True),
+    server = uvicorn.Server(uvicorn.Config(create_app(new_store("dash"), ledger_run.settings, projector=True),
                                            host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -56,22 +56,23 @@ def served(ledger_run, tmp_path):
 # CI installs chromium (.ci/run), so there the test must run; elsewhere it may be skipped.
 @pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
                     reason="needs Debian's chromium (apt-get install chromium)")
-def test_the_dashboard_shows_live_balances(ledger_run, served, tmp_path):
+def test_the_dashboard_shows_live_balances(ledger_run, backend, served, tmp_path):
     import httpx
 
     client = ledger_run.client
-    ids = [client.open_account("user:browser:EUR", "EUR"),
-           client.post("browser-dep", [Leg("sys:world:EUR", -123_456), Leg("user:browser:EUR", 123_456)],
+    account = f"user:browser-{backend}:EUR"  # new commands for each backend (repeated ids would be duplicates)
+    ids = [client.open_account(account, "EUR"),
+           client.post(f"browser-dep-{backend}", [Leg("sys:world:EUR", -123_456), Leg(account, 123_456)],
                        kind="deposit"),
-           client.post("browser-over", [Leg("user:browser:EUR", -10**9), Leg("sys:world:EUR", 10**9)])]
+           client.post(f"browser-over-{backend}", [Leg(account, -10**9), Leg("sys:world:EUR", 10**9)])]
     results = client.wait(ids)
-    assert results["browser-over"]["reason"] == "insufficient_funds"
+    assert results[f"browser-over-{backend}"]["reason"] == "insufficient_funds"
     # The projector in the API process has applied them (read-your-writes on the account).
-    assert httpx.get(f"{served}/accounts/user:browser:EUR", params={"min_seq": 2}, timeout=10).status_code == 200
+    assert httpx.get(f"{served}/accounts/{account}", params={"min_seq": 2}, timeout=10).status_code == 200
 
     # Event streams of 1 s: the headless virtual clock only advances between them.
     dom = chromium(served + "/?stream_s=1", tmp_path / "profile", "--dump-dom")
-    assert 'data-account="user:browser:EUR"' in dom, dom[:3000]
+    assert f'data-account="{account}"' in dom, dom[:3000]
     assert "1234.56" in dom  # the deposit, formatted with EUR's scale
     assert 'data-account="user:buyer:USDT"' in dom and "28020.000000" in dom
     assert "insufficient_funds" in dom  # rejections by reason

@@ -1,60 +1,60 @@
-"""Replay (P7): a rebuild from offset 0 hashes equal to the live store; tampering is found and named."""
+"""Replay (P7), into SQLite and PostgreSQL: a rebuild from offset 0 hashes equal to the live store; tampering
+is found and named."""
 from __future__ import annotations
 
-import shutil
-import sqlite3
-
 from projections import replay
+from projections.projector import catch_up
 from projections.store import Store, projection_hash
 from projections.verify import format_report, verify
 
 
-def test_rebuild_equals_live_and_the_oracles_hold(ledger_run, tmp_path):
-    result, cmp = replay.replay_against(ledger_run.settings, ledger_run.db, tmp_path / "rebuilt.db", progress=False)
+def test_rebuild_equals_live_and_the_oracles_hold(ledger_run, read_db, new_store):
+    result, cmp = replay.replay_against(ledger_run.settings, read_db, new_store("rebuilt"), progress=False)
     assert result.records > 0
     assert cmp.equal and cmp.first_difference is None, cmp
-    live = Store(ledger_run.db, readonly=True)
+    live = Store(read_db, readonly=True)
     assert result.hash == projection_hash(live.conn)
     report = verify(ledger_run.settings)  # `ledger verify` over the same stream
     assert report.ok, format_report(report)
 
 
-def test_a_tampered_store_is_detected_and_the_account_named(ledger_run, tmp_path, capsys):
-    tampered = tmp_path / "tampered.db"
-    shutil.copy(ledger_run.db, tampered)
-    conn = sqlite3.connect(tampered)
+def test_a_tampered_store_is_detected_and_the_account_named(ledger_run, read_db, new_store, capsys):
+    tampered = new_store("tampered")
+    catch_up(ledger_run.settings, tampered)
+    store = Store(tampered)
     # One minor unit on one account's history: invisible in the balance row, caught by the hash.
-    conn.execute("UPDATE history SET amount = '19980001' WHERE account_id = 'user:buyer:BTC' AND amount = '19980000'")
-    assert conn.total_changes == 1
-    conn.commit()
-    conn.close()
-    code = replay.run_cli(ledger_run.settings, str(tmp_path / "rebuilt.db"), str(tampered), None, None,
-                          progress=False)
+    changed = store.conn.execute("UPDATE history SET amount = '19980001' "
+                                 "WHERE account_id = 'user:buyer:BTC' AND amount = '19980000'")
+    assert changed.rowcount == 1
+    store.close()
+    code = replay.run_cli(ledger_run.settings, new_store("rebuilt"), tampered, None, None, progress=False)
     assert code == 1
     err = capsys.readouterr().err
     assert "MISMATCH" in err and "first differing account: user:buyer:BTC" in err
 
-    ok = replay.run_cli(ledger_run.settings, str(tmp_path / "again.db"), str(ledger_run.db), None, None,
-                        progress=False)
-    assert ok == 0
+    # Without --into: a temporary SQLite file, or a new schema next to a PostgreSQL live store.
+    assert replay.run_cli(ledger_run.settings, None, read_db, None, None, progress=False) == 0
+    assert "OK" in capsys.readouterr().err
+    assert replay.run_cli(ledger_run.settings, read_db, read_db, None, None, progress=False) == 2  # not fresh
 
 
-def test_replay_from_a_timestamp_or_offsets(ledger_run, tmp_path):
+def test_replay_from_a_timestamp_or_offsets(ledger_run, new_store):
     settings = ledger_run.settings
     ends = {k: high for k, (_, high) in replay.watermarks(settings).items()}
     # Other tests may have added traffic since the shared store caught up: compare rebuilds to fixed ends.
-    from_zero = replay.rebuild(settings, tmp_path / "zero.db", until=ends, progress=False)
-    everything = replay.rebuild(settings, tmp_path / "all.db", start=replay.offsets_for_time(settings, 0),
+    from_zero = replay.rebuild(settings, new_store("zero"), until=ends, progress=False)
+    everything = replay.rebuild(settings, new_store("all"), start=replay.offsets_for_time(settings, 0),
                                 until=ends, progress=False)
     assert everything.hash == from_zero.hash and everything.records == from_zero.records
-    future = replay.rebuild(settings, tmp_path / "none.db",
+    future = replay.rebuild(settings, new_store("none"),
                             start=replay.offsets_for_time(settings, replay.parse_time_ms("2999-01-01T00:00:00Z")),
                             progress=False)
     assert future.records == 0
     # Only the results topic (every other partition starts at its end): results, no balances.
     start = {k: (0 if k[0] == "results" else v) for k, v in ends.items()}
-    partial = replay.rebuild(settings, tmp_path / "results.db", start=start, until=ends, progress=False)
-    store = Store(tmp_path / "results.db", readonly=True)
+    results_only = new_store("results")
+    partial = replay.rebuild(settings, results_only, start=start, until=ends, progress=False)
+    store = Store(results_only, readonly=True)
     assert partial.records == sum(v for k, v in ends.items() if k[0] == "results")
     assert store.conn.execute("SELECT count(*) FROM accounts").fetchone()[0] == 0
     assert store.conn.execute("SELECT count(*) FROM results").fetchone()[0] > 0
