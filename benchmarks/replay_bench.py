@@ -1,11 +1,13 @@
 """Read-side benchmark: replay records/s next to a raw consumer's rate, and API latency under load.
 
-  python benchmarks/replay_bench.py [--records 300000] [--api-history 1000000] [--concurrency 32]
+  python benchmarks/replay_bench.py [--records 300000] [--api-history 1000000] [--concurrency 32] [--pg-url URL]
 
 1. Replay: synthetic but well-formed history, balances and results records (what a worker publishes:
    one history and one balance record per change, one result per command) are produced under a fresh
    topic prefix; then a bare confluent-kafka consumer reads them (the ceiling on this machine, now) and
-   a replay rebuilds a read store from them. Reported side by side, because the machine is shared.
+   a replay rebuilds a SQLite read store from them, and with a PostgreSQL server (--pg-url, default
+   LEDGER_TEST_PG_URL, which `make bench-read` sets) a PostgreSQL one too. Reported side by side, because
+   the machine is shared.
 2. API: a read store with --api-history history entries is written directly (no broker: this measures
    the API, not the projector), served by uvicorn in a subprocess, and GET /accounts/{id} is called by
    --concurrency concurrent clients; p50/p99/max latency and requests/s are printed.
@@ -73,18 +75,21 @@ def produce(settings, records: int) -> int:
     return sent
 
 
-def bench_replay(records: int) -> dict:
+def bench_replay(records: int, pg_url: str | None) -> dict:
     settings = config.load().with_prefix(f"bench-replay-{uuid.uuid4().hex[:8]}.")
     create_topics(settings)
     try:
         t0 = time.perf_counter()
         sent = produce(settings, records)
         print(f"produced {sent} records in {time.perf_counter() - t0:.1f} s", flush=True)
-        figures = replay.measure(settings)
+        figures = replay.measure(settings, pg_url)
         print(f"raw consumer : {figures['raw_records']:>9} records in {figures['raw_s']:6.2f} s = "
               f"{figures['raw_rps']:>10,.0f} rec/s")
         print(f"replay       : {figures['records']:>9} records in {figures['replay_s']:6.2f} s = "
               f"{figures['replay_rps']:>10,.0f} rec/s  (ratio {figures['ratio']:.3f} of raw)")
+        if pg_url:
+            print(f"replay (PG)  : {figures['records']:>9} records in {figures['pg_replay_s']:6.2f} s = "
+                  f"{figures['pg_replay_rps']:>10,.0f} rec/s  (ratio {figures['pg_ratio']:.3f} of raw)")
         return figures
     finally:
         delete_topics(settings)
@@ -167,8 +172,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--skip-api", action="store_true")
+    parser.add_argument("--pg-url", default=os.environ.get("LEDGER_TEST_PG_URL"),
+                        help="a PostgreSQL server to replay into as well (a fresh schema, dropped afterwards)")
     args = parser.parse_args()
-    bench_replay(args.records)
+    bench_replay(args.records, args.pg_url)
     if not args.skip_api:
         bench_api(args.api_history, args.concurrency, args.requests)
 
