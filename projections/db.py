@@ -59,12 +59,6 @@ class Row:
     def keys(self) -> list[str]:
         return list(self._index)
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
 
 def _pg_rows(cursor):
     index: dict[str, int] = {}
