@@ -1,25 +1,32 @@
 """Engine benchmark on the local broker (`make bench`). Prints figures; asserts nothing.
 
-1. Raw ceiling: a confluent-kafka consume-and-produce loop with no ledger logic, over the same number of
-   command records, in the same run (this machine is shared and noisy: only the ratio means much).
-2. Throughput: a realistic mix (same- and cross-partition transfers, holds and captures, deposits) sent as
-   fast as possible; commands/s from the first send to the last result.
-3. Latency at a fixed rate: produce-to-result and produce-to-balance-visible p50/p99.
+1. Throughput: a realistic mix (same- and cross-partition transfers, holds and captures, deposits) sent as
+   fast as possible; commands/s from the first send to the last result. Once with one Kafka record per
+   command, once with the commands in CommandBatch records (client.batch()).
+2. Ceilings over the same command records, in the same run (this machine is shared and noisy: only the
+   ratios mean much): a raw confluent-kafka consume-and-produce loop with no ledger logic, and a Faust
+   agent that takes the records and does nothing (benchmarks/faust_ceiling.py).
+3. Latency at fixed rates, unbatched and batched: produce-to-result and produce-to-balance-visible p50/p99.
 4. Worker RSS at start and end.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from connectors.client import LedgerClient  # noqa: E402
 from connectors.loadgen import LoadGenerator, Mix  # noqa: E402
@@ -87,11 +94,75 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] * 1000
 
 
+def faust_ceiling(settings, records: int) -> float:
+    """records/s of a Faust agent that only takes the command records (benchmarks/faust_ceiling.py)."""
+    env = {**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap, "LEDGER_TOPIC_PREFIX": settings.prefix,
+           "LEDGER_PARTITIONS": str(settings.partitions), "CEILING_RECORDS": str(records),
+           "CEILING_DIR": tempfile.mkdtemp(prefix="ceiling-")}
+    out = subprocess.run([sys.executable, "benchmarks/faust_ceiling.py", "worker", "-l", "warn"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    found = re.search(r"records/s (\d+)", out.stdout + out.stderr)  # Faust logs what the agent prints
+    if found:
+        return float(found.group(1))
+    raise RuntimeError(f"faust ceiling run failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+
+def command_records(settings) -> int:
+    consumer = Consumer({**settings.kafka_config(), "group.id": f"count-{uuid.uuid4()}"})
+    topic = settings.topic("commands")
+    total = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(settings.partitions))
+    consumer.close()
+    return total
+
+
+def throughput(client, gen, count: int, batch: int) -> tuple[float, float]:
+    """(commands/s from first send to last result, seconds spent sending)."""
+    start = time.perf_counter()
+    with client.batch(batch) if batch > 1 else nullcontext():
+        ids = list(gen.commands(count))
+    client.flush()
+    sent_s = time.perf_counter() - start
+    client.wait(ids, 900)
+    return count / (time.perf_counter() - start), sent_s
+
+
+def latency(settings, gen, client, rate: float, seconds: float, batch_ms: float) -> str:
+    sent_at: dict[str, float] = {}
+    results_lat: dict[str, float] = {}
+    balance_lat: dict[str, float] = {}
+    stop = threading.Event()
+    threads = [threading.Thread(target=collect_latencies, args=(settings, sent_at, t, stop, out))
+               for t, out in (("results", results_lat), ("balances", balance_lat))]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    n = 0
+    for command_id in gen.paced(int(rate * seconds), rate, batch_ms / 1000):
+        sent_at[command_id] = time.perf_counter()
+        n += 1
+    client.flush()
+    time.sleep(3)
+    stop.set()
+    for t in threads:
+        t.join()
+    lat, bal = list(results_lat.values()), list(balance_lat.values())
+    how = f"batched every {batch_ms:.0f} ms" if batch_ms else "one record per command"
+    lines = [f"latency at {rate:.0f}/s for {seconds:.0f} s, {how}: {n} sent, {len(lat)} results seen"]
+    if lat:
+        lines.append(f"  produce->result   p50 {pct(lat, 0.5):7.1f} ms  p99 {pct(lat, 0.99):7.1f} ms")
+    if bal:
+        lines.append(f"  produce->balance  p50 {pct(bal, 0.5):7.1f} ms  p99 {pct(bal, 0.99):7.1f} ms")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--count", type=int, default=30000, help="commands for the throughput run")
-    parser.add_argument("--rate", type=float, default=1000, help="commands/s for the latency run")
-    parser.add_argument("--seconds", type=float, default=15, help="length of the latency run")
+    parser.add_argument("--count", type=int, default=30000, help="commands for each throughput run")
+    parser.add_argument("--batch", type=int, default=500, help="commands per CommandBatch record (batched run)")
+    parser.add_argument("--latency", default="300:0,2000:20",
+                        help="latency runs, rate:batch_ms comma-separated (batch_ms 0 = one record per command)")
+    parser.add_argument("--seconds", type=float, default=15, help="length of each latency run")
     args = parser.parse_args()
 
     settings = fresh_settings(bootstrap())
@@ -102,50 +173,27 @@ def main() -> None:
         client.wait(gen.open_accounts(), 120)
         rss_start = rss_mib(worker.proc.pid)
 
-        # Throughput: everything sent at once, bounded only by the producer's queue.
-        start = time.perf_counter()
-        ids = list(gen.commands(args.count))
-        client.flush()
-        sent_s = time.perf_counter() - start
-        client.wait(ids, 600)
-        elapsed = time.perf_counter() - start
-        ledger_rate = args.count / elapsed
-
-        ceiling = raw_ceiling(settings, args.count)
-
-        # Latency at a fixed rate.
-        sent_at: dict[str, float] = {}
-        results_lat: dict[str, float] = {}
-        balance_lat: dict[str, float] = {}
-        stop = threading.Event()
-        threads = [threading.Thread(target=collect_latencies, args=(settings, sent_at, t, stop, out))
-                   for t, out in (("results", results_lat), ("balances", balance_lat))]
-        for t in threads:
-            t.start()
-        time.sleep(1.0)
-        n = 0
-        for command_id in gen.paced(int(args.rate * args.seconds), args.rate):
-            sent_at[command_id] = time.perf_counter()
-            n += 1
-        client.flush()
-        time.sleep(3)
-        stop.set()
-        for t in threads:
-            t.join()
+        single_rate, single_sent = throughput(client, gen, args.count, 1)
+        records = command_records(settings)
+        ceiling = raw_ceiling(settings, records)
+        faust = faust_ceiling(settings, records)
+        batched_rate, batched_sent = throughput(client, gen, args.count, args.batch)
+        latencies = [latency(settings, gen, client, float(rate), args.seconds, float(batch_ms))
+                     for rate, batch_ms in (run.split(":") for run in args.latency.split(","))]
         rss_end = rss_mib(worker.proc.pid)
-        lat = list(results_lat.values())
-        bal = list(balance_lat.values())
 
-        print(f"throughput run: {args.count} commands (sent in {sent_s:.1f} s) -> all results in {elapsed:.1f} s")
-        print(f"  ledger:       {ledger_rate:8.0f} commands/s (one worker)")
-        print(f"  raw ceiling:  {ceiling:8.0f} records/s (confluent-kafka consume+produce, same topic)")
-        print(f"  ratio:        {ledger_rate / ceiling:8.3f}")
-        print(f"latency run: {n} commands at {args.rate:.0f}/s for {args.seconds:.0f} s; "
-              f"{len(lat)} results seen")
-        if lat:
-            print(f"  produce->result   p50 {pct(lat, 0.5):7.1f} ms  p99 {pct(lat, 0.99):7.1f} ms")
-        if bal:
-            print(f"  produce->balance  p50 {pct(bal, 0.5):7.1f} ms  p99 {pct(bal, 0.99):7.1f} ms")
+        print(f"throughput, {args.count} commands each run (one worker, {settings.partitions} partitions):")
+        print(f"  one record per command:      {single_rate:8.0f} commands/s (sent in {single_sent:.1f} s)")
+        print(f"  {args.batch} per CommandBatch:       {batched_rate:8.0f} commands/s (sent in {batched_sent:.1f} s)")
+        print(f"  raw ceiling:                 {ceiling:8.0f} records/s (confluent-kafka consume+produce, "
+              f"same {records} records)")
+        print(f"  Faust ceiling:               {faust:8.0f} records/s (a Faust agent taking the same records, "
+              f"doing nothing)")
+        print(f"  ratio to raw ceiling:        {single_rate / ceiling:8.3f} one per record, "
+              f"{batched_rate / ceiling:.3f} batched")
+        print(f"  ratio to Faust ceiling:      {single_rate / faust:8.3f} one per record")
+        for text in latencies:
+            print(text)
         print(f"worker RSS: {rss_start:.0f} MiB at start, {rss_end:.0f} MiB at end")
         client.close()
     finally:

@@ -144,6 +144,8 @@ def loadgen(
     count: int = typer.Option(0, help="Commands to send; 0 = until interrupted."),
     users: int = typer.Option(200, help="Number of users (one USD account each)."),
     seed: int = typer.Option(7, help="Random seed: the same seed sends the same commands."),
+    batch_ms: float = typer.Option(0.0, help="Send each window of this many ms as CommandBatch records "
+                                             "(0: one record per command)."),
 ) -> None:
     """Send a realistic, seedable mix of commands (deposits, transfers, holds, captures, invalid ones)."""
     import time
@@ -156,7 +158,7 @@ def loadgen(
     client.wait(gen.open_accounts(), 120)
     sent, start = 0, time.monotonic()
     try:
-        for _ in gen.paced(count, rate):
+        for _ in gen.paced(count, rate, batch_ms / 1000):
             sent += 1
             if sent % 1000 == 0:
                 typer.echo(f"loadgen: {sent} commands sent ({sent / (time.monotonic() - start):.0f}/s)")
@@ -193,7 +195,8 @@ def submit(
         typer.echo(f"line {number}: {error}", err=True)
     client = LedgerClient(config.load(), client_id)
     try:
-        sent = [(parsed.line, parsed.send(client)) for parsed in good]
+        with client.batch():  # a file is sent at once: one record per partition and 500 commands
+            sent = [(parsed.line, parsed.send(client)) for parsed in good]
         client.flush()
         results: dict[str, dict] = {}
         with Progress(transient=True, disable=as_json) as progress:

@@ -4,13 +4,18 @@ Every command is keyed by the routing key of the account it debits (or opens) an
 partition Kafka's default partitioner would pick for that key (streams.routing), whatever the client
 library's own default. The result of a command is awaited on the results topic, which holds it in the
 same partition as the command.
+
+A sender with many commands at once (an import, a gateway under load) wraps them in `with
+client.batch():` and they travel as CommandBatch records, one per partition, instead of one record each:
+the worker's cost per Kafka record is then paid once per batch (docs/engine.md, "Command batches").
 """
 from __future__ import annotations
 
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
@@ -18,6 +23,10 @@ from schemas.codec import codec
 from streams import routing
 from streams.config import Settings
 from streams.producing import produce
+
+
+# Kafka's default record size limit is 1 MiB; a batch stays well below it whatever its commands hold.
+BATCH_MAX_BYTES = 512 * 1024
 
 
 class ClientValidationError(ValueError):
@@ -61,6 +70,10 @@ class LedgerClient:
     _producer: Producer = field(init=False)
     _consumer: Consumer = field(init=False)
     _results: dict[str, dict] = field(init=False, default_factory=dict)
+    # While batching: (key, encoded command) per partition not yet produced, and their total size.
+    _pending: dict[int, list[tuple[bytes, bytes]]] | None = field(init=False, default=None)
+    _pending_bytes: dict[int, int] = field(init=False, default_factory=dict)
+    _batch_max: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self._codec = codec()
@@ -93,9 +106,46 @@ class LedgerClient:
         return command_id
 
     def send_raw(self, value: bytes, routing_account: str) -> None:
-        key = routing.routing_key_for(routing.unsharded(routing_account))
-        partition = routing.partition_for_key(key, self.settings.partitions)
-        produce(self._producer, self.settings.topic("commands"), value, key.encode(), partition=partition)
+        routing_key = routing.routing_key_for(routing.unsharded(routing_account))
+        partition = routing.partition_for_key(routing_key, self.settings.partitions)
+        key = routing_key.encode()
+        if self._pending is not None:
+            items = self._pending.setdefault(partition, [])
+            items.append((key, value))
+            size = self._pending_bytes[partition] = self._pending_bytes.get(partition, 0) + len(value)
+            if len(items) >= self._batch_max or size >= BATCH_MAX_BYTES:
+                self._send_batch(partition)
+            return
+        produce(self._producer, self.settings.topic("commands"), value, key, partition=partition)
+        self._producer.poll(0)
+
+    @contextmanager
+    def batch(self, max_commands: int = 500) -> Iterator["LedgerClient"]:
+        """Commands sent inside the block share Kafka records: one CommandBatch per partition, produced when
+        it holds max_commands (or BATCH_MAX_BYTES), at flush() and when the block ends (even by an
+        exception: what was sent is sent). Each command is still decided on its own, in the order sent
+        within its partition, and gets its own result."""
+        if self._pending is not None:
+            raise RuntimeError("already inside client.batch()")
+        if max_commands < 1:
+            raise ClientValidationError("max_commands must be at least 1")
+        self._pending, self._batch_max = {}, max_commands
+        try:
+            yield self
+        finally:
+            self.send_pending()
+            self._pending = None
+
+    def send_pending(self) -> None:
+        """Produce every partially filled batch now (inside client.batch(); a no-op outside)."""
+        for partition in list(self._pending or ()):
+            self._send_batch(partition)
+
+    def _send_batch(self, partition: int) -> None:
+        items = self._pending.pop(partition)
+        self._pending_bytes.pop(partition, None)
+        value = self._codec.encode("command_batch", {"commands": [v for _, v in items]})
+        produce(self._producer, self.settings.topic("commands"), value, items[0][0], partition=partition)
         self._producer.poll(0)
 
     def submit(self, plan) -> list[str]:
@@ -109,6 +159,8 @@ class LedgerClient:
         self._producer.poll(0)
 
     def flush(self) -> None:
+        """Send everything sent so far (including batches being filled) and wait for the broker's acks."""
+        self.send_pending()
         self._producer.flush(30)
 
     def open_account(self, account_id: str, currency: str, *, command_id: str | None = None,
@@ -169,5 +221,5 @@ class LedgerClient:
         return self.wait([command_id], timeout_s)[command_id]
 
     def close(self) -> None:
-        self._producer.flush(30)
+        self.flush()
         self._consumer.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -117,14 +118,23 @@ class LoadGenerator:
         for _ in range(count):
             yield self.next_command()
 
-    def paced(self, count: int, per_second: float) -> Iterator[str]:
+    def paced(self, count: int, per_second: float, batch_window_s: float = 0.0) -> Iterator[str]:
         """Like commands(), at about per_second (count 0: without end). Sleeps between sends rather than
-        bursting, so latency figures measure the ledger, not a queue in front of it."""
+        bursting, so latency figures measure the ledger, not a queue in front of it.
+
+        batch_window_s > 0: the commands of each window travel as CommandBatch records (client.batch()),
+        as a gateway under load would send them; the wait in the window counts in their latency."""
         start, sent = time.monotonic(), 0
-        while count == 0 or sent < count:
-            yield self.next_command()
-            sent += 1
-            self.client.poll()
-            ahead = sent / per_second - (time.monotonic() - start)
-            if ahead > 0:
-                time.sleep(ahead)
+        with self.client.batch() if batch_window_s > 0 else nullcontext():
+            window_ends = start + batch_window_s
+            while count == 0 or sent < count:
+                yield self.next_command()
+                sent += 1
+                now = time.monotonic()
+                if batch_window_s > 0 and now >= window_ends:
+                    self.client.send_pending()
+                    window_ends = now + batch_window_s
+                self.client.poll()
+                ahead = sent / per_second - (now - start)
+                if ahead > 0:
+                    time.sleep(ahead)

@@ -22,10 +22,22 @@ class TopicRecord:
     key: bytes | None
     raw: bytes | None
     value: dict[str, Any] | None  # None when the bytes do not decode (only possible on commands)
+    index: int | None = None  # a command's place in the CommandBatch record it came in, if it did
+
+
+def _commands_of(c, raw: bytes | None) -> list[tuple[int | None, bytes | None]]:
+    """The commands a commands-topic record carries: itself, or each item of a CommandBatch."""
+    if raw is not None and raw[:10] == c.header("command_batch"):
+        try:
+            return list(enumerate(c.decode("command_batch", raw)["commands"]))
+        except DecodeError:
+            pass  # an undecodable batch: one undecodable record, as the worker dead-letters it
+    return [(None, raw)]
 
 
 def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[TopicRecord]:
-    """Every record of a ledger topic up to the end offsets seen at the start (in order within a partition)."""
+    """Every record of a ledger topic up to the end offsets seen at the start (in order within a partition).
+    On the commands topic a CommandBatch record yields each of its commands, in order, with its index."""
     consumer = Consumer({**settings.kafka_config(), "group.id": f"reader-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     topic = settings.topic(name)
@@ -51,13 +63,15 @@ def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[T
                 end = ends.get(partition)
                 if end is None or msg.offset() >= end:
                     continue
-                value = None
-                if decode:
-                    try:
-                        value = c.decode(schema, msg.value())
-                    except DecodeError:
-                        value = None
-                yield TopicRecord(partition, msg.offset(), msg.timestamp()[1], msg.key(), msg.value(), value)
+                items = _commands_of(c, msg.value()) if name == "commands" and decode else [(None, msg.value())]
+                for index, raw in items:
+                    value = None
+                    if decode:
+                        try:
+                            value = c.decode(schema, raw)
+                        except DecodeError:
+                            value = None
+                    yield TopicRecord(partition, msg.offset(), msg.timestamp()[1], msg.key(), raw, value, index)
                 if msg.offset() + 1 >= end:
                     del ends[partition]
     finally:

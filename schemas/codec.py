@@ -21,7 +21,7 @@ from schemas.fastcodec import Compiled, compile_schema
 SCHEMA_DIR = Path(__file__).resolve().parent
 MARKER = b"\xc3\x01"
 # File name (without .avsc) of each schema the ledger writes.
-SCHEMA_NAMES = ("command", "result", "history", "balance", "dead_letter", "state")
+SCHEMA_NAMES = ("command", "command_batch", "result", "history", "balance", "dead_letter", "state")
 
 
 class DecodeError(ValueError):
@@ -71,6 +71,10 @@ class Codec:
         for path in sorted((schema_dir / "versions").glob("*.avsc")):
             old = _load(path)
             self._writers.setdefault(old.header, old)
+
+    def header(self, name: str) -> bytes:
+        """The 10 bytes every message of the current schema `name` starts with (marker + fingerprint)."""
+        return self.current[name].header
 
     def encode(self, name: str, record: dict) -> bytes:
         return self._encoders[name](record)

@@ -22,8 +22,6 @@ log = logging.getLogger("ledger.worker")
 
 settings = config.load()
 DATA_DIR = Path(os.environ.get("LEDGER_DATA_DIR", ".state/worker")).resolve()
-BATCH_MAX = int(os.environ.get("LEDGER_BATCH_MAX", "2000"))
-BATCH_WINDOW_S = float(os.environ.get("LEDGER_BATCH_WINDOW_S", "0.02"))
 SESSION_TIMEOUT_S = float(os.environ.get("LEDGER_SESSION_TIMEOUT_S", "10"))
 (DATA_DIR / "faust").mkdir(parents=True, exist_ok=True)
 
@@ -86,7 +84,7 @@ def _observe_lag(events) -> None:
 
 @app.agent(commands, concurrency=1)
 async def ledger_worker(stream):
-    async for events in stream.take_events(BATCH_MAX, within=BATCH_WINDOW_S):
+    async for events in stream.take_events(config.BATCH_MAX, within=config.BATCH_WINDOW_S):
         records = [
             CommandRecord(e.message.partition, e.message.offset, round(e.message.timestamp * 1000),
                           e.message.key, e.message.value)

@@ -10,6 +10,10 @@ import os
 from dataclasses import dataclass, field
 
 TOPIC_NAMES = ("commands", "results", "balances", "history", "dlq", "changelog")
+# How a worker takes command records from its Faust stream: at most BATCH_MAX per batch, waiting at most
+# BATCH_WINDOW_S to fill one (benchmarks/faust_ceiling.py takes them the same way).
+BATCH_MAX = int(os.environ.get("LEDGER_BATCH_MAX", "2000"))
+BATCH_WINDOW_S = float(os.environ.get("LEDGER_BATCH_WINDOW_S", "0.02"))
 
 
 @dataclass(frozen=True, slots=True)

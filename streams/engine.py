@@ -5,6 +5,8 @@ Commit path of one batch (the numbered steps the crash-safety argument in docs/e
   1. Restore every partition of the batch that is not known to be current (after start or a rebalance):
      replay its changelog from the offset stored in its RocksDB to the end.
   2. Decide every record in partition order (PartitionProcessor.handle); state writes are only staged.
+     A record may be a batch of commands: once OUTPUTS_PER_COMMIT outputs are staged, steps 3-5 run for
+     what was decided so far, and deciding goes on (records of a partition lost in step 5 are skipped).
   3. Produce the outputs (results, history, balances, dead letters, follow-up commands) and wait for
      every acknowledgement.
   4. Produce one changelog record per decided command (the complete redo record) and wait for the
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from schemas.codec import codec
 from streams import core, metrics
 from streams.config import Settings
 from streams.partition import Output, PartitionProcessor
@@ -39,6 +42,8 @@ from streams.store import RocksStore
 
 log = logging.getLogger("ledger.engine")
 FLUSH_TIMEOUT_S = 60.0
+# Outputs staged before steps 3-5 run within a batch: bounds memory and the size of one flush.
+OUTPUTS_PER_COMMIT = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +68,12 @@ class BatchStats:
 
     def reset(self) -> None:
         self.since = time.monotonic()
-        self.batches = self.records = 0
+        self.batches = self.commands = 0
         self.decide_s = self.commit_s = 0.0
 
-    def add(self, records: int, decide_s: float, commit_s: float) -> None:
+    def add(self, commands: int, decide_s: float, commit_s: float) -> None:
         self.batches += 1
-        self.records += records
+        self.commands += commands
         self.decide_s += decide_s
         self.commit_s += commit_s
 
@@ -77,14 +82,14 @@ class BatchStats:
 
     def report(self) -> str:
         elapsed = time.monotonic() - self.since
-        text = (f"{self.records / elapsed:.0f} commands/s in {self.batches} batches "
-                f"(avg {self.records / max(self.batches, 1):.0f}); deciding {self.decide_s / elapsed:.0%}, "
+        text = (f"{self.commands / elapsed:.0f} commands/s in {self.batches} batches "
+                f"(avg {self.commands / max(self.batches, 1):.0f}); deciding {self.decide_s / elapsed:.0%}, "
                 f"emitting+committing {self.commit_s / elapsed:.0%} of the time")
         self.reset()
         return text
 
 
-def output_producer(settings: Settings) -> Producer:
+def _producer(settings: Settings, **extra) -> Producer:
     return Producer({
         **settings.kafka_config(),
         "enable.idempotence": True,  # no duplicates or reordering from the producer's own retries
@@ -93,16 +98,23 @@ def output_producer(settings: Settings) -> Producer:
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 500000,
         "compression.type": "lz4",
+        **extra,
     })
 
 
 class Engine:
-    def __init__(self, settings: Settings, data_dir: Path, producer: Producer | None = None,
+    def __init__(self, settings: Settings, data_dir: Path,
                  currencies: core.CurrencyRegistry = core.DEFAULT_CURRENCIES):
         self.settings = settings
         self.data_dir = data_dir
         self.currencies = currencies
-        self.producer = producer or output_producer(settings)
+        self._codec = codec()
+        # Outputs need only their failures reported: librdkafka then calls back into Python for failures
+        # alone, not once per message (several per command). The changelog needs each record's offset.
+        self._output_failures: list[str] = []
+        self.outputs_producer = _producer(settings, **{"delivery.report.only.error": True,
+                                                       "on_delivery": self._output_failed})
+        self.changelog_producer = _producer(settings)
         self.processors: dict[int, PartitionProcessor] = {}
         # Next changelog offset each partition expects to write; absent = must restore first.
         self._expected: dict[int, int] = {}
@@ -167,54 +179,86 @@ class Engine:
             if partition not in self._expected:
                 await asyncio.to_thread(self.restore, partition)
         started = time.perf_counter()
+        commit_s = 0.0
+        pending = 0
         for r in records:  # 2.
-            self.processor(r.partition).handle(r.offset, r.timestamp_ms, r.key, r.value)
-        decided = time.perf_counter()
-        await asyncio.to_thread(self.commit, partitions)
+            if r.partition not in self._expected:
+                continue  # lost to another worker at a commit earlier in this batch: its records are theirs
+            proc = self.processor(r.partition)
+            before = len(proc.outputs)
+            proc.handle(r.offset, r.timestamp_ms, r.key, r.value)
+            pending += len(proc.outputs) - before
+            if pending >= OUTPUTS_PER_COMMIT:  # records that are command batches can hold thousands
+                commit_s += await self._commit_timed(partitions)
+                pending = 0
+        commit_s += await self._commit_timed(partitions)
         done = time.perf_counter()
-        self.stats.add(len(records), decided - started, done - decided)
         tally: Counter = Counter()
         for p in partitions:
             tally.update(self.processors[p].tally)
             self.processors[p].tally.clear()
-        metrics.record_batch(tally, len(records), done - started)
+        answered = sum(tally.values())  # one result or dead letter per command
+        self.stats.add(answered, done - started - commit_s, commit_s)
+        metrics.record_batch(tally, answered, done - started)
         if self.stats.due():
             log.info("%s", self.stats.report())
 
+    async def _commit_timed(self, partitions: list[int]) -> float:
+        started = time.perf_counter()
+        await asyncio.to_thread(self.commit, partitions)
+        return time.perf_counter() - started
+
     def commit(self, partitions: list[int]) -> None:
         """Steps 3-5 (blocking)."""
-        batches = {p: self.processors[p].take() for p in partitions}
+        # Taken now: a rebalance may invalidate() while this runs in its thread.
+        expected_at = {p: self._expected[p] for p in partitions if p in self._expected}
+        batches = {p: self.processors[p].take() for p in expected_at}
         self._send([o for outputs, _ in batches.values() for o in outputs])  # 3.
         offsets = self._send_changelog({p: changelog for p, (_, changelog) in batches.items()})  # 4.
-        for p in partitions:  # 5.
+        for p, expected in expected_at.items():  # 5.
             state = self.processors[p].state
             written = offsets.get(p, [])
-            expected = self._expected[p]
             if written and written != list(range(expected, expected + len(written))):
                 log.warning("partition %d: changelog written by another worker since our restore "
                             "(expected offset %d, got %s); restoring before its next command",
                             p, expected, written[:3])
                 state.discard()
-                del self._expected[p]
+                self._expected.pop(p, None)
                 continue
             if state.has_staged:
                 state.commit(expected + len(written))
-                self._expected[p] = expected + len(written)
+                if p in self._expected:  # else invalidated meanwhile: restore reads the offset just written
+                    self._expected[p] = expected + len(written)
+
+    def _output_failed(self, err, msg) -> None:
+        self._output_failures.append(f"{msg.topic()}[{msg.partition()}]: {err}")
 
     def _send(self, outputs: list[Output]) -> None:
-        if not outputs:
-            return
-        errors: list[str] = []
-
-        def on_delivery(err, msg) -> None:
-            if err is not None:
-                errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
-
-        topics = self._topics
+        topics, producer = self._topics, self.outputs_producer
+        follow_ups: dict[int, list[Output]] = {}  # per partition: a run of commands with one timestamp
         for o in outputs:
-            produce(self.producer, topics[o.topic], o.value, o.key, partition=o.partition,
-                    timestamp=o.timestamp_ms, on_delivery=on_delivery)
-        self._flush(errors)
+            if o.topic != "commands":
+                produce(producer, topics[o.topic], o.value, o.key, partition=o.partition, timestamp=o.timestamp_ms)
+                continue
+            run = follow_ups.setdefault(o.partition, [])
+            if run and run[0].timestamp_ms != o.timestamp_ms:
+                self._send_commands(run)
+                run.clear()
+            run.append(o)
+        for run in follow_ups.values():
+            if run:
+                self._send_commands(run)
+        self._flush(producer, self._output_failures)
+
+    def _send_commands(self, run: list[Output]) -> None:
+        """Follow-up commands for one partition with one log time: several travel as one CommandBatch (the
+        time is the record's, so only commands sharing it can share a record). Each command is the same
+        bytes on every redo; which of them share a record depends on where batches were cut."""
+        first = run[0]
+        value = first.value if len(run) == 1 else \
+            self._codec.encode("command_batch", {"commands": [o.value for o in run]})
+        produce(self.outputs_producer, self._topics["commands"], value, first.key, partition=first.partition,
+                timestamp=first.timestamp_ms)
 
     def _send_changelog(self, changelogs: dict[int, list[bytes]]) -> dict[int, list[int]]:
         offsets: dict[int, list[int]] = {p: [] for p in changelogs}
@@ -230,21 +274,23 @@ class Engine:
                     written.append(msg.offset())
 
             for value in records:
-                produce(self.producer, topic, value, partition=partition, on_delivery=on_delivery)
-        self._flush(errors)
+                produce(self.changelog_producer, topic, value, partition=partition, on_delivery=on_delivery)
+        self._flush(self.changelog_producer, errors)
         for written in offsets.values():
             written.sort()
         return offsets
 
-    def _flush(self, errors: list[str]) -> None:
-        remaining = self.producer.flush(FLUSH_TIMEOUT_S)
+    @staticmethod
+    def _flush(producer: Producer, errors: list[str]) -> None:
+        remaining = producer.flush(FLUSH_TIMEOUT_S)
         if remaining:
             raise DeliveryFailed(f"{remaining} messages not acknowledged within {FLUSH_TIMEOUT_S}s")
         if errors:
             raise DeliveryFailed("; ".join(errors[:5]))
 
     def close(self) -> None:
-        self.producer.flush(FLUSH_TIMEOUT_S)
+        self.outputs_producer.flush(FLUSH_TIMEOUT_S)
+        self.changelog_producer.flush(FLUSH_TIMEOUT_S)
         for proc in self.processors.values():
             proc.state.store.close()
         self.processors.clear()

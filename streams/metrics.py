@@ -11,7 +11,8 @@ REJECTIONS = PromCounter("ledger_rejections_total", "Rejected commands, by reaso
 DEAD_LETTERS = PromCounter("ledger_dead_letters_total", "Undecodable commands sent to the dead-letter topic", ["reason"])
 BATCH_SECONDS = Histogram("ledger_batch_seconds", "Time to decide and commit one batch",
                           buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
-BATCH_SIZE = Histogram("ledger_batch_records", "Commands per batch", buckets=(1, 10, 50, 100, 250, 500, 1000, 2000))
+BATCH_SIZE = Histogram("ledger_batch_commands", "Commands decided per batch",
+                       buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 5000, 20000))
 LAG = Gauge("ledger_consumer_lag", "Commands not yet processed, per partition", ["partition"])
 CLEARING = Gauge("ledger_clearing_minor_units", "Money in this worker's clearing shards (in flight), per currency",
                  ["currency"])

@@ -198,6 +198,10 @@ class PartitionProcessor:
         self.outputs: list[Output] = []
         self.changelog: list[bytes] = []  # encoded StateChange records of the batch, in order
         self._codec = codec()
+        self._batch_header = self._codec.header("command_batch")
+        # Where the command being decided sits in the log: "<offset>" or "<offset>.<index in its batch>";
+        # unique per command, so ids derived from it are too.
+        self.position = ""
         self._homes: dict[str, int | None] = {}
         self.spanning = Spanning(self)
         # (command kind, outcome, reason) -> count of results emitted; read and reset by the engine (metrics).
@@ -208,10 +212,28 @@ class PartitionProcessor:
 
     # One record ------------------------------------------------------------------------------------------
     def handle(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None) -> None:
+        """One record of the commands topic: a command, or a CommandBatch whose commands are decided in order
+        exactly as if each had been a record of its own (with this record's time)."""
+        if value is not None and value[:10] == self._batch_header:
+            try:
+                items = self._codec.decode("command_batch", value)["commands"]
+            except DecodeError as exc:
+                self._dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
+                return
+            for index, item in enumerate(items):
+                self.position = f"{offset}.{index}"
+                self._handle_command(offset, timestamp_ms, key, item, index)
+            return
+        self.position = str(offset)
+        self._handle_command(offset, timestamp_ms, key, value, None)
+
+    def _handle_command(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
+                        index: int | None) -> None:
         try:
             record = self._codec.decode("command", value)
         except DecodeError as exc:
-            self._dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
+            where = "" if index is None else f"command {index} of the batch: "
+            self._dead_letter(offset, timestamp_ms, key, value, exc.reason, where + exc.detail, index)
             return
         client_id, command_id = record["client_id"], record["command_id"]
         kind = self._kind = record["body"][0].rsplit(".", 1)[-1]
@@ -469,11 +491,13 @@ class PartitionProcessor:
         self._reject(command.command_id, command.client_id, command.at_ms, reason, detail)
 
     def _dead_letter(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
-                     reason: str, detail: str) -> None:
+                     reason: str, detail: str, index: int | None = None) -> None:
+        """value: the bytes that could not be decoded (a batch item's own bytes); the key says which."""
         self.tally[("dead_letter", "dead_letter", reason)] += 1
         record = {"reason": reason, "detail": detail, "topic": "commands", "partition": self.partition,
                   "offset": offset, "timestamp_ms": timestamp_ms, "key": key, "value": value}
-        self.outputs.append(Output("dlq", f"{self.partition}/{offset}".encode(),
+        where = f"{self.partition}/{offset}" if index is None else f"{self.partition}/{offset}/{index}"
+        self.outputs.append(Output("dlq", where.encode(),
                                    self._codec.encode("dead_letter", record), self.partition, timestamp_ms))
 
     # Batch boundaries --------------------------------------------------------------------------------------

@@ -99,8 +99,9 @@ class Spanning:
         pending = self.state.record(f"c/{key}")
         if pending is not None:  # a retry while in flight: answered when decided
             pending["retries"] += 1
-            proc.commit_change(ENGINE_CLIENT, f"{key}~retry~{offset}", "", offset,
-                               _accepted(f"{key}~retry~{offset}", tx.at_ms, "answered when decided"),
+            retry_id = f"{key}~retry~{proc.position}"
+            proc.commit_change(ENGINE_CLIENT, retry_id, "", offset,
+                               _accepted(retry_id, tx.at_ms, "answered when decided"),
                                records=[(f"c/{key}", pending)])
             return
         for leg in tx.legs:

@@ -7,6 +7,8 @@ import pytest
 
 from connectors.aioclient import AsyncLedgerClient
 from connectors.client import ClientValidationError, LedgerClient, Leg, ResultTimeout
+from projections.topics import latest_per_account, read_topic
+from projections.verify import format_report, verify, wait_quiescent
 
 
 def test_client_side_validation_errors_are_typed(settings):
@@ -50,3 +52,35 @@ def test_asyncio_client_round_trip_with_many_commands_in_flight(settings, start_
             assert again["outcome"] == "accepted" and again["duplicate"]  # the original result, flagged
 
     asyncio.run(scenario())
+
+
+def test_batched_commands_each_get_their_own_decision_in_fewer_records(settings, start_worker):
+    """client.batch() packs commands into CommandBatch records; the worker decides each as if sent alone
+    (same accounts, overdraft rejected, duplicate answered, poison dead-lettered) and the oracles hold."""
+    start_worker()
+    client = LedgerClient(settings, "batcher")
+    users = [f"user:b{i}:USD" for i in range(24)]
+    with client.batch(max_commands=10):
+        ids = [client.open_account(u, "USD") for u in users]
+        ids += [client.post(f"dep-{i}", [Leg("sys:world:USD", -100), Leg(u, 100)], kind="deposit")
+                for i, u in enumerate(users)]
+        # Around the ring: most credits land in another partition (through clearing).
+        ids += [client.post(f"mv-{i}", [Leg(u, -70), Leg(users[(i + 1) % len(users)], 70)])
+                for i, u in enumerate(users)]
+        ids.append(client.post("too-much", [Leg(users[0], -10_000), Leg(users[1], 10_000)]))
+        client.send_raw(b"\x00not a command", users[2])
+        ids.append(client.post("mv-0", [Leg(users[0], -70), Leg(users[1], 70)]))  # a retry
+    results = client.wait(ids[:-1], 60)
+    assert [r["outcome"] for r in results.values()].count("accepted") == 3 * len(users)
+    assert results["too-much"]["reason"] == "insufficient_funds"
+    assert wait_quiescent(settings)
+    report = verify(settings)
+    assert report.ok, format_report(report)
+    assert report.counts["dead_letters"] == 1
+    balances = {a: r.value for a, r in latest_per_account(read_topic(settings, "balances")).items()}
+    assert all(balances[u]["posted"] == "100" for u in users), "each user received 70 and sent 70"
+    records = sum(1 for r in read_topic(settings, "commands") if r.value and r.value["client_id"] == "batcher")
+    raw_records = {(r.partition, r.offset) for r in read_topic(settings, "commands")
+                   if r.index is not None}
+    assert records == len(ids) and len(raw_records) < len(ids) / 4, "commands did not travel in batches"
+    client.close()

@@ -109,6 +109,56 @@ def test_a_command_redone_after_restore_is_answered_from_the_inbox():
     assert result == {**original, "duplicate": True}
 
 
+def batch(*values: bytes) -> bytes:
+    return C.encode("command_batch", {"commands": list(values)})
+
+
+def test_a_batch_is_decided_exactly_as_its_commands_sent_one_by_one():
+    """A CommandBatch record yields the same results, history and balances as its commands in records of
+    their own with the same time; a poison item is dead-lettered alone with its own bytes."""
+    at = 1_700_000_000_000
+    one_by_one = PartitionProcessor(0, N, MemoryStore())
+    for offset, value in enumerate(script()):
+        one_by_one.handle(offset, at, b"k", value)
+    singles, single_changelog = one_by_one.take()
+    batched = PartitionProcessor(0, N, MemoryStore())
+    batched.handle(0, at, b"k", batch(*script()))
+    outputs, changelog = batched.take()
+    assert [o for o in outputs if o.topic != "dlq"] == [o for o in singles if o.topic != "dlq"]
+    def redo(records):  # the changelog minus where each command sat in the log
+        return [{k: v for k, v in C.decode("state", r).items() if k != "source_offset"} for r in records]
+    assert redo(changelog) == redo(single_changelog) and len(changelog) > 5
+    (dead,) = [o for o in outputs if o.topic == "dlq"]
+    letter = C.decode("dead_letter", dead.value)
+    index = script().index(b"\x00poison")
+    assert dead.key == f"0/0/{index}".encode()
+    assert letter["value"] == b"\x00poison" and letter["reason"] == "not_avro"
+    assert letter["detail"].startswith(f"command {index} of the batch")
+
+
+def test_an_undecodable_batch_is_one_dead_letter_and_changes_nothing():
+    proc = PartitionProcessor(0, N, MemoryStore())
+    broken = batch(*script())[:-7]
+    proc.handle(5, 1_700_000_000_000, b"k", broken)
+    outputs, changelog = proc.take()
+    assert changelog == [] and [o.topic for o in outputs] == ["dlq"]
+    letter = C.decode("dead_letter", outputs[0].value)
+    assert (letter["reason"], letter["offset"], letter["value"]) == ("corrupt", 5, broken)
+    assert outputs[0].key == b"0/5"
+
+
+def test_retries_of_an_in_flight_transaction_in_one_batch_get_distinct_ids():
+    a = local_users(1, partition=0)[0]
+    b = local_users(1, partition=1)[0]
+    proc = PartitionProcessor(0, N, MemoryStore())
+    tx = transfer("multi", (a, -5), (b, -5), ("sys:world:USD", 10))
+    proc.handle(0, 1_700_000_000_000, b"k", batch(tx, tx, tx))
+    outputs, changelog = proc.take()
+    ids = [C.decode("state", c)["command_id"] for c in changelog]
+    assert len(ids) == len(set(ids)) == 3, ids
+    assert [i.rsplit("~", 1)[-1] for i in ids[1:]] == ["0.1", "0.2"]
+
+
 @pytest.fixture(params=["memory", "rocksdb"])
 def store(request, tmp_path):
     s = MemoryStore() if request.param == "memory" else RocksStore(tmp_path / "db")
