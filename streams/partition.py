@@ -67,7 +67,9 @@ class PartitionState:
 
     def __init__(self, store: KeyValueStore):
         self.store = store
-        self._puts: dict[bytes, bytes] = {}
+        # Staged writes. Account and hold records stay dicts until commit: hot accounts (system shards) change
+        # many times in a batch and only their last version is written, so it is encoded once.
+        self._puts: dict[bytes, bytes | dict] = {}
         self._deletes: set[bytes] = set()
         # Decoded records (committed or staged). Dropped whole with the staged writes on discard().
         self._accounts: dict[str, Account | None] = {}
@@ -75,6 +77,8 @@ class PartitionState:
         # (expires_at_ms, hold_id) of open holds with an expiry; stale entries are skipped when popped.
         self.expiries: list[tuple[int, str]] = []
         self._load_expiries()
+        # The last inbox key found absent; any staged inbox entry clears it (a one-entry negative cache).
+        self._not_in_inbox: tuple[str, str] | None = None
 
     def _load_expiries(self) -> None:
         self.expiries = []
@@ -85,7 +89,8 @@ class PartitionState:
 
     def _get(self, key: bytes) -> bytes | None:
         if key in self._puts:
-            return self._puts[key]
+            value = self._puts[key]
+            return _dumps(value) if value.__class__ is dict else value
         if key in self._deletes:
             return None
         return self.store.get(key)
@@ -110,6 +115,8 @@ class PartitionState:
             return value
 
     def processed(self, key: tuple[str, str]) -> Processed | None:
+        if key == self._not_in_inbox:  # the engine looked it up just before the core asks
+            return None
         change = self.change_record(*key)
         if change is None:
             return None
@@ -122,7 +129,10 @@ class PartitionState:
     def change_record(self, client_id: str, command_id: str) -> dict[str, Any] | None:
         """The stored StateChange of a decided command (the inbox entry), or None."""
         raw = self._get(_inbox_key(client_id, command_id))
-        return None if raw is None else codec().decode("state", raw)
+        if raw is None:
+            self._not_in_inbox = (client_id, command_id)
+            return None
+        return codec().decode("state", raw)
 
     def stage(self, change: dict[str, Any], encoded: bytes, accounts: list[Account] | None = None,
               holds: list[Hold] | None = None) -> None:
@@ -132,11 +142,11 @@ class PartitionState:
         for i, record in enumerate(change["accounts"]):
             account = accounts[i] if accounts is not None else account_from_record(record)
             self._accounts[account.id] = account
-            puts[b"a/" + account.id.encode()] = _dumps(record)
+            puts[b"a/" + account.id.encode()] = record
         for i, record in enumerate(change["holds"]):
             hold = holds[i] if holds is not None else hold_from_record(record)
             self._holds[hold.id] = hold
-            puts[b"h/" + hold.id.encode()] = _dumps(record)
+            puts[b"h/" + hold.id.encode()] = record
             if hold.expires_at_ms is not None:
                 key = _expiry_key(hold)
                 if hold.status is HoldStatus.OPEN:
@@ -156,6 +166,7 @@ class PartitionState:
                 self._deletes.discard(key)
         key = _inbox_key(change["client_id"], change["command_id"])
         puts[key] = encoded
+        self._not_in_inbox = None
 
     def record(self, key: str) -> Any:
         """An engine record (multi-partition transaction state, hold locks), or None."""
@@ -168,8 +179,9 @@ class PartitionState:
 
     def commit(self, changelog_next_offset: int) -> None:
         """Write everything staged, and the changelog position it corresponds to, in one atomic batch."""
-        self._puts[CHANGELOG_OFFSET_KEY] = str(changelog_next_offset).encode()
-        self.store.write(self._puts, self._deletes)
+        puts = {key: _dumps(value) if value.__class__ is dict else value for key, value in self._puts.items()}
+        puts[CHANGELOG_OFFSET_KEY] = str(changelog_next_offset).encode()
+        self.store.write(puts, self._deletes)
         self._puts = {}
         self._deletes = set()
 
@@ -179,6 +191,7 @@ class PartitionState:
         self._deletes = set()
         self._accounts.clear()
         self._holds.clear()
+        self._not_in_inbox = None
         self._load_expiries()
 
     def changelog_offset(self) -> int:
@@ -344,7 +357,8 @@ class PartitionProcessor:
                 if routing.SHARD_MARK in leg.account_id and routing.is_system(leg.account_id):
                     self._reject_command(tx, Rejection.INVALID_COMMAND, "shard ids (sys:...@n) are internal")
                     return
-                legs.append(replace(leg, account_id=self._local(leg.account_id)) if home is None else leg)
+                legs.append(Leg(self._local(leg.account_id), leg.amount, leg.hold_id, leg.currency)
+                            if home is None else leg)
                 continue
             currency = leg.currency or routing.system_currency(leg.account_id)
             if leg.hold_id is not None or self.currencies.get(currency) is None:
@@ -357,7 +371,7 @@ class PartitionProcessor:
         system += [f"sys:clearing:{currency}" for _, _, currency in remote]
         if not self._open_shards(system, tx, offset):
             return
-        local = replace(tx, legs=tuple(legs))
+        local = tx.with_legs(tuple(legs))
         result = self._execute(local, offset, tx)
         if result.outcome == "accepted":
             for index, (leg, home, currency) in enumerate(remote):
@@ -424,11 +438,12 @@ class PartitionProcessor:
     def _execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None) -> Result:
         """Decide and stage one command. as_sent: the command as the client sent it, before routing
         rewrote system accounts to their shards; its fingerprint is the one a retry is compared with."""
-        result, changes = core.execute(self.state, command, self.currencies)
+        fingerprint = (as_sent or command).fingerprint()
+        result, changes = core.execute(self.state, command, self.currencies, fingerprint)
         if changes.processed is None:  # duplicate or conflict found by the core itself
             self._emit_result(result_to_wire(result, command.at_ms, None, []))
             return result
-        self._record(command, result, changes, offset, (as_sent or command).fingerprint())
+        self._record(command, result, changes, offset, fingerprint)
         return result
 
     def _record(self, command: core.Command, result: Result, changes: Changes, offset: int,

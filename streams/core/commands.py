@@ -148,6 +148,15 @@ class PostTransaction(_CommandBase):
     occurred_at_ms: int | None = None  # business time; may be back-dated; None means at_ms
     rate_snapshot_id: str | None = None  # for FX: the rate snapshot the amounts were computed from
 
+    def with_legs(self, legs: tuple[Leg, ...]) -> "PostTransaction":
+        """The same transaction with other legs (dataclasses.replace, without its per-call introspection)."""
+        return PostTransaction(
+            command_id=self.command_id, client_id=self.client_id, at_ms=self.at_ms,
+            transaction_id=self.transaction_id, legs=legs, kind=self.kind, reference=self.reference,
+            links=self.links, metadata=self.metadata, occurred_at_ms=self.occurred_at_ms,
+            rate_snapshot_id=self.rate_snapshot_id,
+        )
+
     def __post_init__(self) -> None:
         # Inlined type checks: this runs once per transaction on the hot path.
         if (

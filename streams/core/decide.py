@@ -387,7 +387,8 @@ _JUDGES = {
 }
 
 
-def _decide(state: StateReader, command: Command, currencies: CurrencyRegistry) -> tuple[Result, str | None]:
+def _decide(state: StateReader, command: Command, currencies: CurrencyRegistry,
+            fingerprint: str | None = None) -> tuple[Result, str | None]:
     """Steps 1-3: the result and the fingerprint to remember (None = remember nothing)."""
     judge = _JUDGES.get(type(command))
     if judge is None:
@@ -397,7 +398,8 @@ def _decide(state: StateReader, command: Command, currencies: CurrencyRegistry) 
     if not command_id or not client_id:
         return Result(command_id, client_id, REJECTED, _INVALID, "command_id and client_id must not be empty",
                       ()), None
-    fingerprint = command.fingerprint()
+    if fingerprint is None:
+        fingerprint = command.fingerprint()
     seen = state.processed((client_id, command_id))
     if seen is not None:
         if seen.fingerprint == fingerprint:
@@ -416,14 +418,18 @@ def decide(state: StateReader, command: Command, currencies: CurrencyRegistry = 
 
 
 def execute(
-    state: StateReader, command: Command, currencies: CurrencyRegistry = DEFAULT_CURRENCIES
+    state: StateReader, command: Command, currencies: CurrencyRegistry = DEFAULT_CURRENCIES,
+    fingerprint: str | None = None,
 ) -> tuple[Result, Changes]:
     """decide + apply: the result and every record it writes (steps 1-5), ready for one atomic batch.
 
     Duplicate or id_conflict -> no changes at all. Rejected -> only the inbox entry (so a retry gets the same
     answer). Accepted -> new accounts, holds, history entries and the inbox entry.
+    fingerprint: the payload fingerprint to compare and remember, when the caller rewrote the command it was
+    sent (the engine routes system accounts to shards) and a retry must match the original; default: this
+    command's own.
     """
-    result, fingerprint = _decide(state, command, currencies)
+    result, fingerprint = _decide(state, command, currencies, fingerprint)
     if fingerprint is None:
         return result, no_changes()
     processed = ((result.client_id, result.command_id), Processed(fingerprint, result))

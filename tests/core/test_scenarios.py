@@ -10,6 +10,7 @@ from streams.core import (
     BalanceView,
     HoldStatus,
     Leg,
+    PostTransaction,
     Rejection,
     TransactionPosted,
     balance_as_of_seq,
@@ -373,3 +374,15 @@ def test_empty_ids_are_invalid_and_not_remembered() -> None:
     result, changes = execute(state, ReleaseHold(command_id="c", client_id="a", at_ms=1, hold_id="h"))
     assert result.reason is Rejection.UNKNOWN_HOLD and changes.processed is not None
     assert not changes.accounts and not changes.holds and not changes.history
+
+
+def test_with_legs_is_replace_of_the_legs_and_nothing_else() -> None:
+    """The engine's fast copy must carry every field, including any added later."""
+    tx = PostTransaction(command_id="c", client_id="k", at_ms=5, transaction_id="t",
+                         legs=(Leg("a:USD", -1), Leg("b:USD", 1)), kind="trade", reference="r", links=("x",),
+                         metadata=(("m", "v"),), occurred_at_ms=3, rate_snapshot_id="s")
+    legs = (Leg("a:USD", -1), Leg("sys:clearing:USD@2", 1))
+    assert tx.with_legs(legs) == dataclasses.replace(tx, legs=legs)
+    assert {f.name for f in dataclasses.fields(PostTransaction)} == {
+        "command_id", "client_id", "at_ms", "transaction_id", "legs", "kind", "reference", "links", "metadata",
+        "occurred_at_ms", "rate_snapshot_id"}, "a new field: add it to PostTransaction.with_legs"
