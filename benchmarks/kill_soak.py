@@ -25,6 +25,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--rate", type=float, default=500)
+    parser.add_argument("--batch-ms", type=float, default=0.0,
+                        help="send each window of this many ms as CommandBatch records (0: one record per command)")
     args = parser.parse_args()
     settings = fresh_settings(bootstrap())
     worker = Worker(settings, Path(tempfile.mkdtemp(prefix="soak-")), "soak").start()
@@ -33,7 +35,8 @@ def main() -> int:
         gen = LoadGenerator(client, seed=23, mix=Mix(users=300), run_id="soak")
         client.wait(gen.open_accounts(), 120)
         sent: list[str] = []
-        thread = pump(client, gen, count=int(args.kills * 1.5 * args.rate), per_second=args.rate, sent=sent)
+        thread = pump(client, gen, count=int(args.kills * 1.5 * args.rate), per_second=args.rate, sent=sent,
+                      batch_window_s=args.batch_ms / 1000)
         for i in range(args.kills):
             time.sleep(0.5 + (i % 4) * 0.4)
             worker.kill9()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from streams.store import RocksStore
 log = logging.getLogger("ledger.engine")
 FLUSH_TIMEOUT_S = 60.0
 # Outputs staged before steps 3-5 run within a batch: bounds memory and the size of one flush.
-OUTPUTS_PER_COMMIT = 20_000
+OUTPUTS_PER_COMMIT = int(os.environ.get("LEDGER_OUTPUTS_PER_COMMIT", "20000"))
 
 
 @dataclass(frozen=True, slots=True)

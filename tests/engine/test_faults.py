@@ -28,14 +28,16 @@ class Pump(threading.Thread):
     """Sends `count` commands at about `per_second` in the background, recording their ids.
     join() re-raises whatever stopped it early, so a broken generator cannot pass unnoticed."""
 
-    def __init__(self, client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str]):
+    def __init__(self, client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str],
+                 batch_window_s: float = 0.0):
         super().__init__(daemon=True)
         self.client, self.gen, self.count, self.per_second, self.sent = client, gen, count, per_second, sent
+        self.batch_window_s = batch_window_s
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self.sent.extend(self.gen.paced(self.count, self.per_second))
+            self.sent.extend(self.gen.paced(self.count, self.per_second, self.batch_window_s))
             self.client.flush()
         except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
             self.error = exc
@@ -47,8 +49,9 @@ class Pump(threading.Thread):
         assert len(self.sent) == self.count, f"only {len(self.sent)} of {self.count} commands sent"
 
 
-def pump(client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str]) -> Pump:
-    thread = Pump(client, gen, count, per_second, sent)
+def pump(client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str],
+         batch_window_s: float = 0.0) -> Pump:
+    thread = Pump(client, gen, count, per_second, sent, batch_window_s)
     thread.start()
     return thread
 
@@ -130,14 +133,15 @@ def test_poison_and_invalid_commands_do_not_stop_the_partition(settings, start_w
     client.close()
 
 
-def _kill_loop(settings, start_worker, tmp_path, kills: int, fresh_every: int):
-    worker = start_worker()
+def _kill_loop(settings, start_worker, tmp_path, kills: int, fresh_every: int, batch_window_s: float = 0.0,
+               **worker_options):
+    worker = start_worker(**worker_options)
     client = LedgerClient(settings, "soak")
     gen = LoadGenerator(client, seed=11, mix=Mix(users=60), run_id="k")
     opened = gen.open_accounts()
     client.wait(opened, 60)
     sent: list[str] = []
-    thread = pump(client, gen, count=kills * 300, per_second=400, sent=sent)
+    thread = pump(client, gen, count=kills * 300, per_second=400, sent=sent, batch_window_s=batch_window_s)
     for i in range(kills):
         time.sleep(0.6 + (i % 3) * 0.35)
         worker.kill9()
@@ -157,6 +161,14 @@ def _kill_loop(settings, start_worker, tmp_path, kills: int, fresh_every: int):
 
 def test_kill_minus_nine_ten_times_mid_stream(settings, start_worker, tmp_path):
     report = _kill_loop(settings, start_worker, tmp_path, kills=10, fresh_every=4)
+    assert report.counts["transactions"] > 100
+
+
+def test_kill_minus_nine_mid_stream_of_command_batches_committed_in_parts(settings, start_worker, tmp_path):
+    """Commands arrive in CommandBatch records and the worker commits every 40 outputs, so kills land
+    between the partial commits of one batch of records (and inside a record's commands)."""
+    report = _kill_loop(settings, start_worker, tmp_path, kills=6, fresh_every=3, batch_window_s=0.05,
+                        extra_env={"LEDGER_OUTPUTS_PER_COMMIT": "40"})
     assert report.counts["transactions"] > 100
 
 
