@@ -125,16 +125,24 @@ class LedgerClient:
         it holds max_commands (or BATCH_MAX_BYTES), at flush() and when the block ends (even by an
         exception: what was sent is sent). Each command is still decided on its own, in the order sent
         within its partition, and gets its own result."""
-        if self._pending is not None:
-            raise RuntimeError("already inside client.batch()")
-        if max_commands < 1:
-            raise ClientValidationError("max_commands must be at least 1")
-        self._pending, self._batch_max = {}, max_commands
+        self.start_batching(max_commands)
         try:
             yield self
         finally:
-            self.send_pending()
-            self._pending = None
+            self.stop_batching()
+
+    def start_batching(self, max_commands: int = 500) -> None:
+        """From now on commands wait in per-partition batches until send_pending() (see batch())."""
+        if self._pending is not None:
+            raise RuntimeError("already batching")
+        if max_commands < 1:
+            raise ClientValidationError("max_commands must be at least 1")
+        self._pending, self._batch_max = {}, max_commands
+
+    def stop_batching(self) -> None:
+        """Send what waits and go back to one record per command."""
+        self.send_pending()
+        self._pending = None
 
     def send_pending(self) -> None:
         """Produce every partially filled batch now (inside client.batch(); a no-op outside)."""
@@ -144,7 +152,9 @@ class LedgerClient:
     def _send_batch(self, partition: int) -> None:
         items = self._pending.pop(partition)
         self._pending_bytes.pop(partition, None)
-        value = self._codec.encode("command_batch", {"commands": [v for _, v in items]})
+        # A lone command needs no envelope.
+        value = items[0][1] if len(items) == 1 else \
+            self._codec.encode("command_batch", {"commands": [v for _, v in items]})
         produce(self._producer, self.settings.topic("commands"), value, items[0][0], partition=partition)
         self._producer.poll(0)
 

@@ -106,6 +106,8 @@ REPLACE_RESULT = upsert("results", RESULT_COLUMNS, ("client_id", "command_id"))
 KEEP_RESULT = upsert("results", RESULT_COLUMNS, ("client_id", "command_id"), update=False)
 REPLACE_HOLD = upsert("holds", HOLD_COLUMNS, ("hold_id",))
 REPLACE_ACCOUNT = upsert("accounts", ACCOUNT_COLUMNS, ("account_id",))
+# Keys per `IN (...)` query: far below SQLite's 32,766 host parameters and PostgreSQL's 65,535.
+IN_CHUNK = 500
 REPLACE_VIEW = upsert("account_views", VIEW_COLUMNS, ("account_id",))
 REPLACE_SUM = upsert("currency_sums", ("currency", "posted"), ("currency",))
 REPLACE_META = upsert("meta", ("key", "value"), ("key",))
@@ -195,12 +197,24 @@ class Store:
                 holds[h["hold_id"]] = _newer_hold(holds.get(h["hold_id"]), {**h, "updated_at_ms": v["at_ms"]})
         self.conn.executemany(REPLACE_RESULT, rows)
         self.conn.executemany(KEEP_RESULT, conflicts)
+        stored = {r["hold_id"]: r for r in self._rows_where_in("SELECT * FROM holds", "hold_id", list(holds))}
+        rows = []
         for hold_id, h in holds.items():
-            old = self.conn.execute("SELECT * FROM holds WHERE hold_id = ?", (hold_id,)).fetchone()
+            old = stored.get(hold_id)
             if old is not None and _newer_hold(dict(old), h) is not h:
                 continue
-            self.conn.execute(REPLACE_HOLD, (hold_id, h["account_id"], h["amount"], h["captured"], h["released"],
-                                             h["status"], h["expires_at_ms"], h["updated_at_ms"]))
+            rows.append((hold_id, h["account_id"], h["amount"], h["captured"], h["released"], h["status"],
+                         h["expires_at_ms"], h["updated_at_ms"]))
+        self.conn.executemany(REPLACE_HOLD, rows)
+
+    def _rows_where_in(self, select: str, column: str, keys: list[str]) -> list:
+        """Rows of `select` whose `column` is one of keys: one query per chunk of keys, not one per key
+        (a round trip each on PostgreSQL)."""
+        rows = []
+        for i in range(0, len(keys), IN_CHUNK):
+            chunk = keys[i:i + IN_CHUNK]
+            rows += self.conn.execute(f"{select} WHERE {column} IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+        return rows
 
     def _apply_balances(self, balances: list[dict], version: int) -> None:
         latest: dict[str, dict] = {}
@@ -208,41 +222,52 @@ class Store:
             seen = latest.get(v["account_id"])
             if seen is None or v["seq"] > seen["seq"]:
                 latest[v["account_id"]] = v
+        stored = {r["account_id"]: r for r in self._rows_where_in(
+            "SELECT account_id, posted, seq FROM accounts", "account_id", list(latest))}
         sums: dict[str, int] = defaultdict(int)
         bases = set()
+        rows = []
         for account_id, v in latest.items():
-            old = self.conn.execute("SELECT posted, seq FROM accounts WHERE account_id = ?", (account_id,)).fetchone()
+            old = stored.get(account_id)
             if old is not None and old["seq"] >= v["seq"]:
                 continue  # already have this one or a newer one
             sums[v["currency"]] += int(v["posted"]) - (int(old["posted"]) if old is not None else 0)
             base = routing.unsharded(account_id)
             bases.add(base)
-            self.conn.execute(REPLACE_ACCOUNT, (account_id, base, v["currency"], v["status"], v["posted"], v["held"],
-                                                v["available"], v["seq"], v["last_transaction_id"],
-                                                v["updated_at_ms"], version))
+            rows.append((account_id, base, v["currency"], v["status"], v["posted"], v["held"], v["available"],
+                         v["seq"], v["last_transaction_id"], v["updated_at_ms"], version))
+        self.conn.executemany(REPLACE_ACCOUNT, rows)
         for currency, delta in sums.items():
             row = self.conn.execute("SELECT posted FROM currency_sums WHERE currency = ?", (currency,)).fetchone()
             total = (int(row[0]) if row else 0) + delta
             self.conn.execute(REPLACE_SUM, (currency, str(total)))
-        for base in bases:
-            self._refresh_view(base, version)
+        self._refresh_views(sorted(bases), version)
 
-    def _refresh_view(self, base: str, version: int) -> None:
-        shards = self.conn.execute("SELECT * FROM accounts WHERE base_id = ?", (base,)).fetchall()
-        posted = sum(int(s["posted"]) for s in shards)
-        held = sum(int(s["held"]) for s in shards)
-        available = sum(int(s["available"]) for s in shards)
-        newest = max(shards, key=lambda s: (s["updated_at_ms"], s["seq"]))
-        old = self.conn.execute("SELECT posted, nonzero_since_ms FROM account_views WHERE account_id = ?",
-                                (base,)).fetchone()
-        # Since when the account holds money (log time): the age of money sitting in clearing.
-        since = None
-        if posted != 0:
-            since = old["nonzero_since_ms"] if old is not None and int(old["posted"]) != 0 else newest["updated_at_ms"]
-        status = newest["status"] if len(shards) == 1 else "open"
-        self.conn.execute(REPLACE_VIEW, (base, newest["currency"], status, str(posted), str(held), str(available),
-                                         sum(s["seq"] for s in shards), len(shards), newest["last_transaction_id"],
-                                         newest["updated_at_ms"], since, version))
+    def _refresh_views(self, bases: list[str], version: int) -> None:
+        """Re-sum the reported view of each base account from its rows (one per shard for system accounts)."""
+        shards: dict[str, list] = defaultdict(list)
+        for row in self._rows_where_in("SELECT * FROM accounts", "base_id", bases):
+            shards[row["base_id"]].append(row)
+        old_views = {r["account_id"]: r for r in self._rows_where_in(
+            "SELECT account_id, posted, nonzero_since_ms FROM account_views", "account_id", bases)}
+        rows = []
+        for base in bases:
+            rows_of_base = shards[base]
+            posted = sum(int(s["posted"]) for s in rows_of_base)
+            held = sum(int(s["held"]) for s in rows_of_base)
+            available = sum(int(s["available"]) for s in rows_of_base)
+            newest = max(rows_of_base, key=lambda s: (s["updated_at_ms"], s["seq"]))
+            old = old_views.get(base)
+            # Since when the account holds money (log time): the age of money sitting in clearing.
+            since = None
+            if posted != 0:
+                since = old["nonzero_since_ms"] if old is not None and int(old["posted"]) != 0 \
+                    else newest["updated_at_ms"]
+            status = newest["status"] if len(rows_of_base) == 1 else "open"
+            rows.append((base, newest["currency"], status, str(posted), str(held), str(available),
+                         sum(s["seq"] for s in rows_of_base), len(rows_of_base), newest["last_transaction_id"],
+                         newest["updated_at_ms"], since, version))
+        self.conn.executemany(REPLACE_VIEW, rows)
 
     def record_end_offsets(self, ends: dict[tuple[str, int], int], now_ms: int) -> None:
         """Remember the end offsets seen (for the lag readers show); outside the projection proper."""

@@ -52,6 +52,10 @@ def test_asyncio_client_round_trip_with_many_commands_in_flight(settings, start_
             assert again["outcome"] == "accepted" and again["duplicate"]  # the original result, flagged
 
     asyncio.run(scenario())
+    # Commands awaited together went out together: CommandBatch records, except where a partition had one.
+    commands = [r for r in read_topic(settings, "commands") if r.value and r.value["client_id"] == "aio"]
+    assert len(commands) == 61
+    assert sum(r.index is not None for r in commands) > 40, "concurrent commands were not batched"
 
 
 def test_batched_commands_each_get_their_own_decision_in_fewer_records(settings, start_worker):
