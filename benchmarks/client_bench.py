@@ -20,8 +20,8 @@ from connectors.client import Leg  # noqa: E402
 from tests.harness import Worker, bootstrap, drop, fresh_settings  # noqa: E402
 
 
-async def run(settings, count: int, in_flight: int, users: int) -> None:
-    async with AsyncLedgerClient(settings, "bench-client", max_in_flight=in_flight) as ledger:
+async def run(settings, count: int, in_flight: int, users: int, batching: bool) -> None:
+    async with AsyncLedgerClient(settings, "bench-client", max_in_flight=in_flight, batching=batching) as ledger:
         await asyncio.gather(*[ledger.open_account(f"user:c{i}:USD", "USD") for i in range(users)])
         await asyncio.gather(*[ledger.post(f"fund-{i}", [Leg("sys:world:USD", -10**9), Leg(f"user:c{i}:USD", 10**9)])
                                for i in range(users)])
@@ -32,7 +32,8 @@ async def run(settings, count: int, in_flight: int, users: int) -> None:
             for n in range(count)])
         elapsed = time.perf_counter() - start
         accepted = sum(r["outcome"] == "accepted" for r in results)
-        print(f"{count} transfers, at most {in_flight} in flight: {count / elapsed:.0f} results/s end to end "
+        how = "batched per event-loop turn" if batching else "one record per command"
+        print(f"{count} transfers, at most {in_flight} in flight, {how}: {count / elapsed:.0f} results/s end to end "
               f"({accepted} accepted) in {elapsed:.1f} s")
 
 
@@ -41,11 +42,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--in-flight", type=int, default=5_000)
     parser.add_argument("--users", type=int, default=1_000)
+    parser.add_argument("--no-batching", action="store_true", help="one Kafka record per command")
     args = parser.parse_args()
     settings = fresh_settings(bootstrap())
     worker = Worker(settings, Path(tempfile.mkdtemp(prefix="client-bench-")), "w", session_timeout_s=30).start()
     try:
-        asyncio.run(run(settings, args.count, args.in_flight, args.users))
+        asyncio.run(run(settings, args.count, args.in_flight, args.users, not args.no_batching))
     finally:
         worker.stop()
         drop(settings)
