@@ -162,15 +162,17 @@ def main() -> None:
     parser.add_argument("--latency", default="300:0,1000:20,2000:20",
                         help="latency runs, rate:batch_ms comma-separated (batch_ms 0 = one record per command)")
     parser.add_argument("--seconds", type=float, default=15, help="length of each latency run")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes sharing the partitions")
     args = parser.parse_args()
 
     settings = fresh_settings(bootstrap())
-    worker = Worker(settings, Path(tempfile.mkdtemp(prefix="bench-")), "bench", session_timeout_s=30).start()
+    workers = [Worker(settings, Path(tempfile.mkdtemp(prefix="bench-")), f"bench{i}", session_timeout_s=30).start()
+               for i in range(args.workers)]
     try:
         client = LedgerClient(settings, "bench")
         gen = LoadGenerator(client, seed=1, mix=Mix(users=2000, invalid=0.02), run_id="b")
         client.wait(gen.open_accounts(), 120)
-        rss_start = rss_mib(worker.proc.pid)
+        rss_start = [rss_mib(w.proc.pid) for w in workers]
 
         single_rate, single_sent = throughput(client, gen, args.count, 1)
         records = command_records(settings)
@@ -179,9 +181,10 @@ def main() -> None:
         batched_rate, batched_sent = throughput(client, gen, args.count, args.batch)
         latencies = [latency(settings, gen, client, float(rate), args.seconds, float(batch_ms))
                      for rate, batch_ms in (run.split(":") for run in args.latency.split(","))]
-        rss_end = rss_mib(worker.proc.pid)
+        rss_end = [rss_mib(w.proc.pid) for w in workers]
 
-        print(f"throughput, {args.count} commands each run (one worker, {settings.partitions} partitions):")
+        print(f"throughput, {args.count} commands each run ({args.workers} worker(s), "
+              f"{settings.partitions} partitions):")
         print(f"  one record per command:      {single_rate:8.0f} commands/s (sent in {single_sent:.1f} s)")
         print(f"  {args.batch} per CommandBatch:       {batched_rate:8.0f} commands/s (sent in {batched_sent:.1f} s)")
         print(f"  raw ceiling:                 {ceiling:8.0f} records/s (confluent-kafka consume+produce, "
@@ -193,10 +196,12 @@ def main() -> None:
         print(f"  ratio to Faust ceiling:      {single_rate / faust:8.3f} one per record")
         for text in latencies:
             print(text)
-        print(f"worker RSS: {rss_start:.0f} MiB at start, {rss_end:.0f} MiB at end")
+        for start_mib, end_mib in zip(rss_start, rss_end):
+            print(f"worker RSS: {start_mib:.0f} MiB at start, {end_mib:.0f} MiB at end")
         client.close()
     finally:
-        worker.stop()
+        for w in workers:
+            w.stop()
         drop(settings)
 
 
