@@ -233,6 +233,9 @@ class PartitionProcessor:
             except DecodeError as exc:
                 self._dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
                 return
+            if not items:  # nothing to answer, but the sender should hear that it sent nothing
+                self._dead_letter(offset, timestamp_ms, key, value, "empty", "a CommandBatch without commands")
+                return
             for index, item in enumerate(items):
                 self.position = f"{offset}.{index}"
                 self._handle_command(offset, timestamp_ms, key, item, index)

@@ -147,6 +147,14 @@ def test_an_undecodable_batch_is_one_dead_letter_and_changes_nothing():
     assert outputs[0].key == b"0/5"
 
 
+def test_an_empty_batch_is_a_dead_letter():
+    proc = PartitionProcessor(0, N, MemoryStore())
+    proc.handle(3, 1_700_000_000_000, b"k", batch())
+    outputs, changelog = proc.take()
+    assert changelog == [] and [(o.topic, C.decode("dead_letter", o.value)["reason"]) for o in outputs] == [
+        ("dlq", "empty")]
+
+
 def test_retries_of_an_in_flight_transaction_in_one_batch_get_distinct_ids():
     a = local_users(1, partition=0)[0]
     b = local_users(1, partition=1)[0]
