@@ -137,8 +137,8 @@ class Engine:
         """After a rebalance: every partition restores from its changelog before its next command."""
         self._expected.clear()
 
-    def restore(self, partition: int) -> None:
-        """Step 1 for one partition (blocking; run it in a thread)."""
+    def restore(self, partition: int) -> int:
+        """Step 1 for one partition (blocking; run it in a thread). Returns the next changelog offset."""
         proc = self.processor(partition)
         start = proc.state.changelog_offset()
         consumer = Consumer({
@@ -170,29 +170,36 @@ class Engine:
             self._expected[partition] = max(high, start)
             log.info("partition %d restored: %d changelog records from offset %d, %d applied",
                      partition, len(records), start, applied)
+            return max(high, start)
         finally:
             consumer.close()
 
     # --- the commit path ------------------------------------------------------------------------------------
     async def process(self, records: list[CommandRecord]) -> None:
-        partitions = list(dict.fromkeys(r.partition for r in records))
-        for partition in partitions:  # 1.
-            if partition not in self._expected:
-                await asyncio.to_thread(self.restore, partition)
+        # The next changelog offset of each partition of this batch, as of its restore. The batch commits
+        # against these even if a rebalance invalidates them meanwhile (its records are acked when it ends,
+        # so it must not drop work): step 5's check still catches another worker's writes.
+        owned: dict[int, int] = {}
+        for partition in dict.fromkeys(r.partition for r in records):  # 1.
+            expected = self._expected.get(partition)
+            if expected is None:
+                expected = await asyncio.to_thread(self.restore, partition)
+            owned[partition] = expected
+        partitions = list(owned)
         started = time.perf_counter()
         commit_s = 0.0
         pending = 0
         for r in records:  # 2.
-            if r.partition not in self._expected:
+            if r.partition not in owned:
                 continue  # lost to another worker at a commit earlier in this batch: its records are theirs
             proc = self.processor(r.partition)
             before = len(proc.outputs)
             proc.handle(r.offset, r.timestamp_ms, r.key, r.value)
             pending += len(proc.outputs) - before
             if pending >= OUTPUTS_PER_COMMIT:  # records that are command batches can hold thousands
-                commit_s += await self._commit_timed(partitions)
+                commit_s += await self._commit_timed(owned)
                 pending = 0
-        commit_s += await self._commit_timed(partitions)
+        commit_s += await self._commit_timed(owned)
         done = time.perf_counter()
         tally: Counter = Counter()
         for p in partitions:
@@ -204,19 +211,18 @@ class Engine:
         if self.stats.due():
             log.info("%s", self.stats.report())
 
-    async def _commit_timed(self, partitions: list[int]) -> float:
+    async def _commit_timed(self, owned: dict[int, int]) -> float:
         started = time.perf_counter()
-        await asyncio.to_thread(self.commit, partitions)
+        await asyncio.to_thread(self.commit, owned)
         return time.perf_counter() - started
 
-    def commit(self, partitions: list[int]) -> None:
-        """Steps 3-5 (blocking)."""
-        # Taken now: a rebalance may invalidate() while this runs in its thread.
-        expected_at = {p: self._expected[p] for p in partitions if p in self._expected}
-        batches = {p: self.processors[p].take() for p in expected_at}
+    def commit(self, owned: dict[int, int]) -> None:
+        """Steps 3-5 (blocking). owned: the next changelog offset of each partition, moved on in place; a
+        partition found written by another worker is removed from it."""
+        batches = {p: self.processors[p].take() for p in owned}
         self._send([o for outputs, _ in batches.values() for o in outputs])  # 3.
         offsets = self._send_changelog({p: changelog for p, (_, changelog) in batches.items()})  # 4.
-        for p, expected in expected_at.items():  # 5.
+        for p, expected in list(owned.items()):  # 5.
             state = self.processors[p].state
             written = offsets.get(p, [])
             if written and written != list(range(expected, expected + len(written))):
@@ -224,12 +230,14 @@ class Engine:
                             "(expected offset %d, got %s); restoring before its next command",
                             p, expected, written[:3])
                 state.discard()
+                del owned[p]
                 self._expected.pop(p, None)
                 continue
             if state.has_staged:
                 state.commit(expected + len(written))
+                owned[p] = expected + len(written)
                 if p in self._expected:  # else invalidated meanwhile: restore reads the offset just written
-                    self._expected[p] = expected + len(written)
+                    self._expected[p] = owned[p]
 
     def _output_failed(self, err, msg) -> None:
         self._output_failures.append(f"{msg.topic()}[{msg.partition()}]: {err}")
