@@ -110,10 +110,11 @@ class LedgerClient:
         partition = routing.partition_for_key(routing_key, self.settings.partitions)
         key = routing_key.encode()
         if self._pending is not None:
-            items = self._pending.setdefault(partition, [])
-            items.append((key, value))
-            size = self._pending_bytes[partition] = self._pending_bytes.get(partition, 0) + len(value)
-            if len(items) >= self._batch_max or size >= BATCH_MAX_BYTES:
+            if self._pending_bytes.get(partition, 0) + len(value) > BATCH_MAX_BYTES and self._pending.get(partition):
+                self._send_batch(partition)  # this command would take the batch over the size limit
+            self._pending.setdefault(partition, []).append((key, value))
+            self._pending_bytes[partition] = self._pending_bytes.get(partition, 0) + len(value)
+            if len(self._pending[partition]) >= self._batch_max:
                 self._send_batch(partition)
             return
         produce(self._producer, self.settings.topic("commands"), value, key, partition=partition)
@@ -150,12 +151,14 @@ class LedgerClient:
             self._send_batch(partition)
 
     def _send_batch(self, partition: int) -> None:
-        items = self._pending.pop(partition)
-        self._pending_bytes.pop(partition, None)
+        items = self._pending[partition]
         # A lone command needs no envelope.
         value = items[0][1] if len(items) == 1 else \
             self._codec.encode("command_batch", {"commands": [v for _, v in items]})
         produce(self._producer, self.settings.topic("commands"), value, items[0][0], partition=partition)
+        # Forgotten only once produced: if produce raises, the commands still wait (and are sent on retry).
+        del self._pending[partition]
+        self._pending_bytes.pop(partition, None)
         self._producer.poll(0)
 
     def submit(self, plan) -> list[str]:

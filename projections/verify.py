@@ -77,15 +77,17 @@ def verify(settings: Settings) -> Report:
     c.update(commands=len(commands), results=len(results), history=len(history), balances=len(balances),
              dead_letters=len(dead))
 
-    # P8: every command answered: a result for its id, or a dead letter for its offset.
-    dead_at = {(d.value["partition"], d.value["offset"]) for d in dead}
+    # P8: every command answered: a result for its id, or a dead letter for its place in the log
+    # (keyed partition/offset, plus /index for an item of a CommandBatch).
+    dead_at = {d.key for d in dead}
     answered = {(r.value["client_id"], r.value["command_id"]) for r in results}
     sent: dict[tuple[str, str], list[TopicRecord]] = defaultdict(list)
     for cmd in commands:
         if cmd.value is None:
             c["commands.undecodable"] += 1
-            if (cmd.partition, cmd.offset) not in dead_at:
-                report.fail("P8", f"undecodable command at {cmd.partition}/{cmd.offset} has no dead letter")
+            where = f"{cmd.partition}/{cmd.offset}" + ("" if cmd.index is None else f"/{cmd.index}")
+            if where.encode() not in dead_at:
+                report.fail("P8", f"undecodable command at {where} has no dead letter")
             continue
         key = (cmd.value["client_id"], cmd.value["command_id"])
         sent[key].append(cmd)

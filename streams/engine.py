@@ -6,7 +6,8 @@ Commit path of one batch (the numbered steps the crash-safety argument in docs/e
      replay its changelog from the offset stored in its RocksDB to the end.
   2. Decide every record in partition order (PartitionProcessor.handle); state writes are only staged.
      A record may be a batch of commands: once OUTPUTS_PER_COMMIT outputs are staged, steps 3-5 run for
-     what was decided so far, and deciding goes on (records of a partition lost in step 5 are skipped).
+     what was decided so far, and deciding goes on. (If step 5 finds another worker's writes there and the
+     partition has records left in the batch, the worker exits unacked: they would be acked undecided.)
   3. Produce the outputs (results, history, balances, dead letters, follow-up commands) and wait for
      every acknowledgement.
   4. Produce one changelog record per decided command (the complete redo record) and wait for the
@@ -43,6 +44,9 @@ from streams.store import RocksStore
 
 log = logging.getLogger("ledger.engine")
 FLUSH_TIMEOUT_S = 60.0
+# Follow-up commands sharing one CommandBatch record: far below Kafka's 1 MiB default record limit.
+FOLLOW_UPS_PER_RECORD = 500
+FOLLOW_UP_RECORD_BYTES = 512 * 1024
 # Outputs staged before steps 3-5 run within a batch: bounds memory and the size of one flush.
 OUTPUTS_PER_COMMIT = int(os.environ.get("LEDGER_OUTPUTS_PER_COMMIT", "20000"))
 
@@ -58,6 +62,10 @@ class CommandRecord:
 
 class DeliveryFailed(RuntimeError):
     pass
+
+
+class PartitionLost(RuntimeError):
+    """Records of a partition another worker wrote to mid-batch remain: the worker must exit unacked."""
 
 
 class BatchStats:
@@ -117,8 +125,11 @@ class Engine:
                                                        "on_delivery": self._output_failed})
         self.changelog_producer = _producer(settings)
         self.processors: dict[int, PartitionProcessor] = {}
-        # Next changelog offset each partition expects to write; absent = must restore first.
+        # Next changelog offset each partition expects to write; absent = must restore first. Only the event
+        # loop's thread touches it (restore and commit run in threads and hand their offsets back), and
+        # _generation counts rebalances, so an offset learned before one is not recorded after it.
         self._expected: dict[int, int] = {}
+        self._generation = 0
         self._topics = {name: settings.topic(name) for name in ("results", "history", "balances", "commands",
                                                                  "dlq", "changelog")}
         self.restored_records = 0
@@ -135,6 +146,7 @@ class Engine:
 
     def invalidate(self) -> None:
         """After a rebalance: every partition restores from its changelog before its next command."""
+        self._generation += 1
         self._expected.clear()
 
     def restore(self, partition: int) -> int:
@@ -167,7 +179,6 @@ class Engine:
                         position = msg.offset() + 1
             applied = proc.restore(records, max(high, start))
             self.restored_records += applied
-            self._expected[partition] = max(high, start)
             log.info("partition %d restored: %d changelog records from offset %d, %d applied",
                      partition, len(records), start, applied)
             return max(high, start)
@@ -179,11 +190,14 @@ class Engine:
         # The next changelog offset of each partition of this batch, as of its restore. The batch commits
         # against these even if a rebalance invalidates them meanwhile (its records are acked when it ends,
         # so it must not drop work): step 5's check still catches another worker's writes.
+        generation = self._generation
         owned: dict[int, int] = {}
         for partition in dict.fromkeys(r.partition for r in records):  # 1.
             expected = self._expected.get(partition)
             if expected is None:
                 expected = await asyncio.to_thread(self.restore, partition)
+                if self._generation == generation:
+                    self._expected[partition] = expected
             owned[partition] = expected
         partitions = list(owned)
         started = time.perf_counter()
@@ -191,15 +205,18 @@ class Engine:
         pending = 0
         for r in records:  # 2.
             if r.partition not in owned:
-                continue  # lost to another worker at a commit earlier in this batch: its records are theirs
+                # Another worker wrote this partition's changelog at a commit earlier in this batch. Its
+                # remaining records have no changelog record of ours: acking them undecided would lose them.
+                raise PartitionLost(f"partition {r.partition}: changelog written by another worker in the "
+                                    f"middle of a batch; exiting so the batch is redone")
             proc = self.processor(r.partition)
             before = len(proc.outputs)
             proc.handle(r.offset, r.timestamp_ms, r.key, r.value)
             pending += len(proc.outputs) - before
             if pending >= OUTPUTS_PER_COMMIT:  # records that are command batches can hold thousands
-                commit_s += await self._commit_timed(owned)
+                commit_s += await self._commit_timed(owned, generation)
                 pending = 0
-        commit_s += await self._commit_timed(owned)
+        commit_s += await self._commit_timed(owned, generation)
         done = time.perf_counter()
         tally: Counter = Counter()
         for p in partitions:
@@ -211,14 +228,19 @@ class Engine:
         if self.stats.due():
             log.info("%s", self.stats.report())
 
-    async def _commit_timed(self, owned: dict[int, int]) -> float:
+    async def _commit_timed(self, owned: dict[int, int], generation: int) -> float:
         started = time.perf_counter()
-        await asyncio.to_thread(self.commit, owned)
+        lost = await asyncio.to_thread(self.commit, owned)
+        for p in lost:
+            self._expected.pop(p, None)
+        if self._generation == generation:
+            self._expected.update(owned)
         return time.perf_counter() - started
 
-    def commit(self, owned: dict[int, int]) -> None:
+    def commit(self, owned: dict[int, int]) -> list[int]:
         """Steps 3-5 (blocking). owned: the next changelog offset of each partition, moved on in place; a
-        partition found written by another worker is removed from it."""
+        partition found written by another worker is removed from it and returned."""
+        lost = []
         batches = {p: self.processors[p].take() for p in owned}
         self._send([o for outputs, _ in batches.values() for o in outputs])  # 3.
         offsets = self._send_changelog({p: changelog for p, (_, changelog) in batches.items()})  # 4.
@@ -231,13 +253,12 @@ class Engine:
                             p, expected, written[:3])
                 state.discard()
                 del owned[p]
-                self._expected.pop(p, None)
+                lost.append(p)
                 continue
             if state.has_staged:
                 state.commit(expected + len(written))
                 owned[p] = expected + len(written)
-                if p in self._expected:  # else invalidated meanwhile: restore reads the offset just written
-                    self._expected[p] = owned[p]
+        return lost
 
     def _output_failed(self, err, msg) -> None:
         self._output_failures.append(f"{msg.topic()}[{msg.partition()}]: {err}")
@@ -245,15 +266,20 @@ class Engine:
     def _send(self, outputs: list[Output]) -> None:
         topics, producer = self._topics, self.outputs_producer
         follow_ups: dict[int, list[Output]] = {}  # per partition: a run of commands with one timestamp
+        run_bytes: dict[int, int] = {}
         for o in outputs:
             if o.topic != "commands":
                 produce(producer, topics[o.topic], o.value, o.key, partition=o.partition, timestamp=o.timestamp_ms)
                 continue
             run = follow_ups.setdefault(o.partition, [])
-            if run and run[0].timestamp_ms != o.timestamp_ms:
+            size = run_bytes.get(o.partition, 0) + len(o.value)
+            if run and (run[0].timestamp_ms != o.timestamp_ms or len(run) >= FOLLOW_UPS_PER_RECORD
+                        or size > FOLLOW_UP_RECORD_BYTES):
                 self._send_commands(run)
                 run.clear()
+                size = len(o.value)
             run.append(o)
+            run_bytes[o.partition] = size
         for run in follow_ups.values():
             if run:
                 self._send_commands(run)
