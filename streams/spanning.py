@@ -98,8 +98,12 @@ class Spanning:
         key = f"{tx.client_id}/{tx.command_id}"
         pending = self.state.record(f"c/{key}")
         if pending is not None:  # a retry while in flight: answered when decided
-            pending["retries"] += 1
             retry_id = f"{key}~retry~{proc.position}"
+            seen = self.state.change_record(ENGINE_CLIENT, retry_id)
+            if seen is not None:  # this same retry redone after a crash: counted once, answered as before
+                proc._emit_result({**proc._codec.decode("result", seen["result"]), "duplicate": True})
+                return
+            pending["retries"] += 1
             proc.commit_change(ENGINE_CLIENT, retry_id, "", offset,
                                _accepted(retry_id, tx.at_ms, "answered when decided"),
                                records=[(f"c/{key}", pending)])

@@ -197,3 +197,22 @@ def test_a_locked_hold_cannot_be_released_while_the_transaction_is_in_flight():
     assert bus.result("fill-1")["outcome"] == "accepted"
     assert bus.hold("ask", SELLER_BTC).status.value == "captured"
     assert_books_balance(bus)
+
+
+def test_a_retry_redone_after_a_crash_is_answered_once_when_decided():
+    bus = Bus()
+    setup_trade(bus)
+    coordinator = routing.partition_of_account(BUYER_USDT, N)
+    bus.send(tx("fill-1", TRADE), BUYER_USDT)
+    bus.step(coordinator)  # begun: reservations in flight
+    retry = tx("fill-1", TRADE)
+    proc = bus.procs[coordinator]
+    offset = bus.offsets[coordinator]
+    for _ in range(2):  # the retry, then the same record again as a restarted worker redoes it
+        proc.handle(offset, bus.clock, b"k", retry)
+        proc.take()
+        proc.state.commit(offset + 1)
+    bus.offsets[coordinator] = offset + 1
+    bus.run()
+    answers = [r for r in bus.results if r["command_id"] == "fill-1"]
+    assert [(r["outcome"], r["duplicate"]) for r in answers] == [("accepted", False), ("accepted", True)]
