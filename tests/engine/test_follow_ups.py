@@ -13,9 +13,12 @@ from streams.partition import Output, PartitionProcessor
 from streams.store import MemoryStore
 from tests.engine.test_partition import local_users, open_account
 
+# Nothing is ever sent: an address nobody listens on, and librdkafka's connection-refused logs kept quiet.
+NO_BROKER = Settings(bootstrap="127.0.0.1:1", prefix="unit.", security={"log_level": "0"})
+
 
 def _runs(tmp_path, outputs: list[Output]) -> list[list[Output]]:
-    eng = Engine(Settings(bootstrap="127.0.0.1:1", prefix="unit."), tmp_path)
+    eng = Engine(NO_BROKER, tmp_path)
     runs: list[list[Output]] = []
     eng._send_commands = lambda run: runs.append(list(run))
     eng._flush = lambda producer, errors: None
@@ -50,7 +53,7 @@ def _engine_writing(tmp_path, monkeypatch, foreign_at_call: int) -> Engine:
     there another worker's record came first, so ours land one offset later."""
     # An intermediate commit after every second record.
     monkeypatch.setattr(engine_module, "OUTPUTS_PER_COMMIT", 2 * _outputs_per_open())
-    eng = Engine(Settings(bootstrap="127.0.0.1:1", prefix="unit."), tmp_path)
+    eng = Engine(NO_BROKER, tmp_path)
     eng.restore = lambda partition: 0
     eng._send = lambda outputs: None
     calls = {"n": 0, "end": 0}
