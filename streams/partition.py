@@ -283,8 +283,7 @@ class PartitionProcessor:
         if stored is None:
             return False
         if stored["fingerprint"] == command.fingerprint():
-            original = self._codec.decode("result", stored["result"])
-            self._emit_result({**original, "duplicate": True})
+            self.answer_again(stored)
         else:
             self._reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
                          f"command {command.command_id} of {command.client_id} was already used with another payload")
@@ -494,6 +493,10 @@ class PartitionProcessor:
         for account in accounts:
             self.outputs.append(Output("balances", account.id.encode(),
                                        self._codec.encode("balance", balance_to_wire(account)), self.partition, at))
+
+    def answer_again(self, stored: dict[str, Any]) -> None:
+        """A command already in the inbox (its StateChange): its original result, flagged as a duplicate."""
+        self._emit_result({**self._codec.decode("result", stored["result"]), "duplicate": True})
 
     def _emit_result(self, wire_result: dict[str, Any]) -> None:
         self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1

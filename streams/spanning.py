@@ -101,7 +101,7 @@ class Spanning:
             retry_id = f"{key}~retry~{proc.position}"
             seen = self.state.change_record(ENGINE_CLIENT, retry_id)
             if seen is not None:  # this same retry redone after a crash: counted once, answered as before
-                proc._emit_result({**proc._codec.decode("result", seen["result"]), "duplicate": True})
+                proc.answer_again(seen)
                 return
             pending["retries"] += 1
             proc.commit_change(ENGINE_CLIENT, retry_id, "", offset,
@@ -142,8 +142,7 @@ class Spanning:
         fingerprint = hashlib.sha256(repr((kind, sorted(record["body"][1].items()))).encode()).hexdigest()
         stored = self.state.change_record(ENGINE_CLIENT, command_id)
         if stored is not None:  # redelivered: its effects and outputs exist already
-            original = proc._codec.decode("result", stored["result"])
-            proc._emit_result({**original, "duplicate": True})
+            proc.answer_again(stored)
             return
         proc._expire_due(offset, at_ms)
         body = record["body"][1]
