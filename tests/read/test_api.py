@@ -104,10 +104,11 @@ def test_errors_are_json_with_stable_codes(api, url, status, code):
 
 
 def test_read_your_writes_times_out_with_504(api):
-    t0 = time.monotonic()
     response = api.get(f"/accounts/{PAGER}", params={"min_seq": 10**6})
     assert response.status_code == 504 and response.json()["error"]["code"] == "not_caught_up"
-    assert 0.4 < time.monotonic() - t0 < 3
+    # The answer says how far the store got and how long it waited (the app's bound, 0.5 s here).
+    message = response.json()["error"]["message"]
+    assert f"not {10**6}" in message and "after 0.5 s" in message, message
 
 
 def test_read_your_writes_waits_for_the_projector(ledger_run, backend, new_store):

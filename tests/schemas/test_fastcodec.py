@@ -255,7 +255,7 @@ def test_every_truncation_raises(name):
 
 @pytest.mark.parametrize("name", SCHEMA_NAMES)
 def test_random_bytes(name):
-    @settings(max_examples=150, deadline=1000)
+    @settings(max_examples=150, deadline=None)
     @given(st.binary(max_size=300))
     def run(data):
         _safe_decode(name, data)
@@ -267,7 +267,7 @@ def test_random_bytes(name):
 def test_mutated_records_agree_with_fastavro(name):
     samples = [fa_write(PARSED[name], r) for r in generate_many(PARSED[name], 10)]
 
-    @settings(max_examples=150, deadline=1000)
+    @settings(max_examples=150, deadline=None)
     @given(st.sampled_from(samples), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3))
     def run(data, flips):
         mutated = bytearray(data)
