@@ -7,37 +7,9 @@ from schemas.codec import codec
 from streams import routing
 from streams.partition import PartitionProcessor
 from streams.store import MemoryStore, RocksStore
+from tests.helpers.records import N, batch, command, local_users, open_account, place_hold, transfer  # noqa: F401
 
 C = codec()
-N = 8
-
-
-def command(command_id: str, body_name: str, body: dict, client: str = "t") -> bytes:
-    return C.encode("command", {"command_id": command_id, "client_id": client, "body": (f"ledger.{body_name}", body)})
-
-
-def open_account(account: str) -> bytes:
-    return command(f"open:{account}", "OpenAccount", {"account_id": account, "currency": "USD",
-                                                     "allow_negative": False, "overdraft_limit": "0",
-                                                     "max_balance": None, "routing_key": None})
-
-
-def transfer(tx: str, *legs: tuple[str, int], hold: str | None = None) -> bytes:
-    return command(tx, "PostTransaction", {
-        "transaction_id": tx, "kind": "transfer", "reference": None, "links": [], "metadata": {},
-        "occurred_at_ms": None, "rate_snapshot_id": None,
-        "legs": [{"account_id": a, "amount": str(x), "hold_id": hold if x < 0 else None, "currency": None}
-                 for a, x in legs]})
-
-
-def place_hold(hold: str, account: str, amount: int, expires_at_ms: int | None) -> bytes:
-    return command(f"hold:{hold}", "PlaceHold", {"hold_id": hold, "account_id": account, "amount": str(amount),
-                                                "expires_at_ms": expires_at_ms})
-
-
-def local_users(count: int, partition: int = 0) -> list[str]:
-    users = (f"user:{i}:USD" for i in range(10_000))
-    return [u for u in users if routing.partition_of_account(u, N) == partition][:count]
 
 
 def script() -> list[bytes]:
@@ -107,10 +79,6 @@ def test_a_command_redone_after_restore_is_answered_from_the_inbox():
     original = next(C.decode("result", o.value) for o in outputs
                     if o.topic == "results" and C.decode("result", o.value)["command_id"] == "t1")
     assert result == {**original, "duplicate": True}
-
-
-def batch(*values: bytes) -> bytes:
-    return C.encode("command_batch", {"commands": list(values)})
 
 
 def test_a_batch_is_decided_exactly_as_its_commands_sent_one_by_one():
