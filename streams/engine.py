@@ -1,27 +1,34 @@
 """The commit path: a batch of command records in, outputs, changelog and RocksDB state out.
 
-Commit path of one batch (the numbered steps the crash-safety argument in docs/engine.md refers to):
+Commit path of one batch (the numbered steps the crash-safety argument in docs/engine.md refers to).
+[name] marks a crash point (streams/crashpoints.py): tests make the worker exit or pause right there.
 
   1. Restore every partition of the batch that is not known to be current (after start or a rebalance):
      replay its changelog from the offset stored in its RocksDB to the end.
+     [during_restore]: changelog records of a partition read, none applied to RocksDB yet.
   2. Decide every record in partition order (PartitionProcessor.handle); state writes are only staged.
      A record may be a batch of commands: once OUTPUTS_PER_COMMIT outputs are staged, steps 3-5 run for
      what was decided so far, and deciding goes on. (If step 5 finds another worker's writes there and the
      partition has records left in the batch, the worker exits unacked: they would be acked undecided.)
   3. Produce the outputs (results, history, balances, dead letters, follow-up commands) and wait for
      every acknowledgement.
+     [after_outputs]: outputs acknowledged, no changelog record of the batch produced.
   4. Produce one changelog record per decided command (the complete redo record) and wait for the
      acknowledgements. A changelog record therefore never exists without the outputs it stands for.
+     [after_changelog]: changelog acknowledged, nothing of the batch in RocksDB.
   5. Per partition: if the changelog offsets are exactly the ones expected (nobody else wrote to the
      partition's changelog since we restored), write all staged state and the next changelog offset in one
      RocksDB WriteBatch. Otherwise another worker owns the partition now (we were paused): drop the staged
      state and restore before touching the partition again.
+     [before_write] / [after_write]: around one partition's WriteBatch (the batch's other partitions
+     may be written already, or not yet).
   6. Return; the caller acks the records, and Faust commits their offsets later.
 
 A crash between any two steps leaves state that step 1 repairs: the changelog is the truth and RocksDB a
 cache of it; a command decided again yields byte-identical outputs (determinism, P7), and a command whose
 changelog record exists is answered from the inbox, never applied twice (P4).
 Any failure in steps 3-5 raises; the worker must then exit without acking (see streams/app.py).
+A [during_transaction_commit] point comes with transactional outputs, which do not exist yet.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from schemas.codec import codec
 from streams import core, metrics
+from streams.crashpoints import reach as crash_point
 from streams.config import Settings
 from streams.partition import Output, PartitionProcessor
 from streams.producing import produce
@@ -177,6 +185,8 @@ class Engine:
                             raise RuntimeError(f"restoring partition {partition}: {msg.error()}")
                         records.append(msg.value())
                         position = msg.offset() + 1
+            if records:
+                crash_point("during_restore", f"partition {partition}, {len(records)} changelog records read")
             applied = proc.restore(records, max(high, start))
             self.restored_records += applied
             log.info("partition %d restored: %d changelog records from offset %d, %d applied",
@@ -243,7 +253,9 @@ class Engine:
         lost = []
         batches = {p: self.processors[p].take() for p in owned}
         self._send([o for outputs, _ in batches.values() for o in outputs])  # 3.
+        crash_point("after_outputs", owned)
         offsets = self._send_changelog({p: changelog for p, (_, changelog) in batches.items()})  # 4.
+        crash_point("after_changelog", owned)
         for p, expected in list(owned.items()):  # 5.
             state = self.processors[p].state
             written = offsets.get(p, [])
@@ -256,7 +268,9 @@ class Engine:
                 lost.append(p)
                 continue
             if state.has_staged:
+                crash_point("before_write", p)
                 state.commit(expected + len(written))
+                crash_point("after_write", p)
                 owned[p] = expected + len(written)
         return lost
 
