@@ -21,7 +21,7 @@ class TopicRecord:
     timestamp_ms: int
     key: bytes | None
     raw: bytes | None
-    value: dict[str, Any] | None  # None when the bytes do not decode (only possible on commands)
+    value: dict[str, Any] | None  # None when the bytes do not decode (a poison command; on other topics, corruption)
     index: int | None = None  # a command's place in the CommandBatch record it came in, if it did
 
 
@@ -35,14 +35,28 @@ def _commands_of(c, raw: bytes | None) -> list[tuple[int | None, bytes | None]]:
     return [(None, raw)]
 
 
+def records_of(name: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
+               raw: bytes | None) -> list[TopicRecord]:
+    """The decoded record(s) of one Kafka record of a ledger topic, as read_topic yields them: on the commands
+    topic a CommandBatch gives one record per command (with its index); bytes that do not decode give value None."""
+    c = codec()
+    schema = SCHEMA_OF_TOPIC[name]
+    records = []
+    for index, item in (_commands_of(c, raw) if name == "commands" else [(None, raw)]):
+        try:
+            value = c.decode(schema, item)
+        except DecodeError:
+            value = None
+        records.append(TopicRecord(partition, offset, timestamp_ms, key, item, value, index))
+    return records
+
+
 def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[TopicRecord]:
     """Every record of a ledger topic up to the end offsets seen at the start (in order within a partition).
     On the commands topic a CommandBatch record yields each of its commands, in order, with its index."""
     consumer = Consumer({**settings.kafka_config(), "group.id": f"reader-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     topic = settings.topic(name)
-    schema = SCHEMA_OF_TOPIC[name]
-    c = codec()
     try:
         ends: dict[int, int] = {}
         assignment = []
@@ -63,15 +77,10 @@ def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[T
                 end = ends.get(partition)
                 if end is None or msg.offset() >= end:
                     continue
-                items = _commands_of(c, msg.value()) if name == "commands" and decode else [(None, msg.value())]
-                for index, raw in items:
-                    value = None
-                    if decode:
-                        try:
-                            value = c.decode(schema, raw)
-                        except DecodeError:
-                            value = None
-                    yield TopicRecord(partition, msg.offset(), msg.timestamp()[1], msg.key(), raw, value, index)
+                if decode:
+                    yield from records_of(name, partition, msg.offset(), msg.timestamp()[1], msg.key(), msg.value())
+                else:
+                    yield TopicRecord(partition, msg.offset(), msg.timestamp()[1], msg.key(), msg.value(), None)
                 if msg.offset() + 1 >= end:
                     del ends[partition]
     finally:
@@ -80,9 +89,11 @@ def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[T
 
 def latest_per_account(records: Iterator[TopicRecord]) -> dict[str, TopicRecord]:
     """The record with the highest seq of each account (balances topic: the current view, whatever
-    re-emissions or compaction left behind)."""
+    re-emissions or compaction left behind). Records that did not decode are skipped."""
     latest: dict[str, TopicRecord] = {}
     for record in records:
+        if record.value is None:
+            continue
         account_id = record.value["account_id"]
         seen = latest.get(account_id)
         if seen is None or record.value["seq"] >= seen.value["seq"]:

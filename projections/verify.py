@@ -3,20 +3,32 @@
 Every check reads only what the ledger published (commands, results, history, balances, dead letters),
 never the workers' state, so it can judge any run: a test, a fault-injection soak or production.
 Re-emitted records (a command redone after a crash) are recognised by their ids and must be byte-identical.
+
+`verify(settings)` reads the topics; `check(streams)` judges what was read and needs no broker. Each oracle is
+one function below (`check_*`), fed by a few pure derivations (`_sent`, `_decisions`, `_journals`, `_fold`);
+every violation names the account, transaction, hold or command concerned. A record verify cannot read (bytes
+that do not decode, or an amount that is not an integer) is skipped, counted as `unreadable.<topic>` and listed
+in the report's notes: it is not itself a broken promise, but whatever it hid shows up in the oracles (a lost
+result leaves its command unanswered, a lost history entry leaves a gap).
 """
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 import time
 from dataclasses import dataclass, field
+from typing import Iterable, NamedTuple, Sequence
 
 from confluent_kafka import Consumer, TopicPartition
 
-from projections.topics import TopicRecord, latest_per_account, read_topic
+from projections.topics import SCHEMA_OF_TOPIC, TopicRecord, latest_per_account, read_topic
+from schemas.codec import DecodeError, codec
 from streams import routing
 from streams.config import Settings
 
 ENGINE_CLIENT = "ledger"
+MAX_MESSAGES = 200  # violations (and notes) kept in a report; the counts go on
+
+CommandKey = tuple[str, str]  # (client_id, command_id)
 
 
 @dataclass
@@ -24,6 +36,7 @@ class Report:
     counts: Counter = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     sums: dict[str, int] = field(default_factory=dict)  # currency -> sum of posted over all accounts
+    notes: list[str] = field(default_factory=list)  # records skipped as unreadable (not violations)
 
     @property
     def ok(self) -> bool:
@@ -31,13 +44,31 @@ class Report:
 
     def fail(self, oracle: str, message: str) -> None:
         self.counts[f"violations.{oracle}"] += 1
-        if len(self.violations) < 200:
+        if len(self.violations) < MAX_MESSAGES:
             self.violations.append(f"{oracle}: {message}")
 
+    def note(self, message: str) -> None:
+        if len(self.notes) < MAX_MESSAGES:
+            self.notes.append(message)
 
-def _body(record: TopicRecord) -> tuple[str, dict]:
-    name, body = record.value["body"]
-    return name.rsplit(".", 1)[-1], body
+
+@dataclass(frozen=True)
+class Streams:
+    """Everything verify judges: each topic's records up to a quiescent end, in order within a partition.
+    Commands as `read_topic` yields them (one per item of a CommandBatch, value None when undecodable)."""
+    commands: Sequence[TopicRecord] = ()
+    results: Sequence[TopicRecord] = ()
+    history: Sequence[TopicRecord] = ()
+    balances: Sequence[TopicRecord] = ()
+    dead_letters: Sequence[TopicRecord] = ()
+
+
+class Fold(NamedTuple):
+    """An account as its history says it is: the sum of its amounts, and held and seq of its last entry."""
+    posted: int
+    held: int
+    seq: int
+    currency: str
 
 
 def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float = 1.5) -> bool:
@@ -66,83 +97,240 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
         consumer.close()
 
 
-def verify(settings: Settings) -> Report:
-    report = Report()
-    commands = list(read_topic(settings, "commands"))
-    results = list(read_topic(settings, "results"))
-    history = list(read_topic(settings, "history"))
-    balances = list(read_topic(settings, "balances"))
-    dead = list(read_topic(settings, "dlq"))
-    c = report.counts
-    c.update(commands=len(commands), results=len(results), history=len(history), balances=len(balances),
-             dead_letters=len(dead))
+def read_streams(settings: Settings) -> Streams:
+    return Streams(commands=list(read_topic(settings, "commands")), results=list(read_topic(settings, "results")),
+                   history=list(read_topic(settings, "history")), balances=list(read_topic(settings, "balances")),
+                   dead_letters=list(read_topic(settings, "dlq")))
 
-    # P8: every command answered: a result for its id, or a dead letter for its place in the log
-    # (keyed partition/offset, plus /index for an item of a CommandBatch).
-    dead_at = {d.key for d in dead}
-    answered = {(r.value["client_id"], r.value["command_id"]) for r in results}
-    sent: dict[tuple[str, str], list[TopicRecord]] = defaultdict(list)
+
+def verify(settings: Settings) -> Report:
+    """Read the ledger's topics and check every oracle over them."""
+    return check(read_streams(settings))
+
+
+def check(streams: Streams) -> Report:
+    """Every oracle over records already read (pure: no broker)."""
+    report = Report()
+    report.counts.update(commands=len(streams.commands), results=len(streams.results), history=len(streams.history),
+                         balances=len(streams.balances), dead_letters=len(streams.dead_letters))
+    results = _readable(report, "results", streams.results)
+    history = _readable(report, "history", streams.history)
+    balances = _readable(report, "balances", streams.balances)
+    _readable(report, "dlq", streams.dead_letters)  # counted only: a dead letter answers by its key
+
+    sent = _sent(report, streams.commands)
+    decisions = _decisions(results)
+    accepted = {key for key, raws in decisions.items() if len(raws) == 1 and next(iter(raws.values())) == "accepted"}
+    entries = _distinct(history)
+    report.counts["history.distinct"] = len(entries)
+    journals = _journals(entries)
+    fold = _fold(journals)
+
+    check_every_command_answered(report, streams.commands, decisions, results, streams.dead_letters)  # P8
+    check_one_decision_per_command(report, decisions)  # P4
+    check_reemissions_identical(report, history)  # P4
+    check_accepted_changed_books_once(report, sent, accepted, entries, results)  # P4
+    check_seq_and_posted_after(report, journals)  # P3
+    check_no_overdraft(report, journals, _floors(sent, accepted))  # P2
+    check_balances_are_the_fold(report, balances, fold)  # fold
+    check_double_entry(report, entries, fold)  # P1
+    check_clearing_empty(report, fold)  # P6
+    check_holds_settle_once(report, results, fold)  # P5
+    return report
+
+
+# Reading what can be read ------------------------------------------------------------------------------------
+
+# Fields parsed as integers, per topic: a record whose money does not parse is unreadable, not a crash.
+_INTEGER_FIELDS = {"history": ("amount", "posted_after", "held_after"), "balances": ("posted", "held"),
+                   "results": (), "dlq": ()}
+_HOLD_INTEGER_FIELDS = ("amount", "captured", "released")
+
+
+def _readable(report: Report, topic: str, records: Iterable[TopicRecord]) -> list[TopicRecord]:
+    """The records of a topic verify can read; the others are counted and noted by place and key."""
+    readable = []
+    for record in records:
+        why = _unreadable(topic, record)
+        if why is None:
+            readable.append(record)
+            continue
+        report.counts[f"unreadable.{topic}"] += 1
+        report.note(f"unreadable {topic} record at {record.partition}/{record.offset} (key {_key(record)}): {why}")
+    return readable
+
+
+def _unreadable(topic: str, record: TopicRecord) -> str | None:
+    value = record.value
+    if value is None:
+        try:
+            codec().decode(SCHEMA_OF_TOPIC[topic], record.raw)
+        except DecodeError as exc:
+            return str(exc)
+        return "not decoded"
+    names = list(_INTEGER_FIELDS[topic])
+    numbers = [(name, value[name]) for name in names]
+    if topic == "results":
+        numbers += [(f"hold {h['hold_id']} {name}", h[name]) for h in value["holds"] for name in _HOLD_INTEGER_FIELDS]
+    for name, text in numbers:
+        try:
+            int(text)
+        except ValueError:
+            return f"{name} {text!r} is not an integer"
+    return None
+
+
+def _key(record: TopicRecord) -> str:
+    if record.key is None:
+        return "none"
+    return record.key.decode(errors="backslashreplace")
+
+
+def _body(record: TopicRecord) -> tuple[str, dict]:
+    name, body = record.value["body"]
+    return name.rsplit(".", 1)[-1], body
+
+
+def _where(record: TopicRecord) -> str:
+    """A command's place in the log, as its dead letter is keyed: partition/offset[/index in its batch]."""
+    return f"{record.partition}/{record.offset}" + ("" if record.index is None else f"/{record.index}")
+
+
+# Derivations (no judgement) ----------------------------------------------------------------------------------
+
+def _sent(report: Report, commands: Iterable[TopicRecord]) -> dict[CommandKey, list[TopicRecord]]:
+    """Decodable commands by (client_id, command_id), every delivery of an id in log order."""
+    sent: dict[CommandKey, list[TopicRecord]] = defaultdict(list)
     for cmd in commands:
         if cmd.value is None:
-            c["commands.undecodable"] += 1
-            where = f"{cmd.partition}/{cmd.offset}" + ("" if cmd.index is None else f"/{cmd.index}")
-            if where.encode() not in dead_at:
-                report.fail("P8", f"undecodable command at {where} has no dead letter")
+            report.counts["commands.undecodable"] += 1
             continue
         key = (cmd.value["client_id"], cmd.value["command_id"])
         sent[key].append(cmd)
         if key[0] != ENGINE_CLIENT:
-            c["commands.from_clients"] += 1
-        if key not in answered:
-            report.fail("P8", f"command {key} has no result")
+            report.counts["commands.from_clients"] += 1
+    return sent
 
-    # P4: one decision per command id; re-emissions identical.
-    decisions: dict[tuple[str, str], set[bytes]] = defaultdict(set)
-    outcome: dict[tuple[str, str], str] = {}
+
+def _decisions(results: Iterable[TopicRecord]) -> dict[CommandKey, dict[bytes, str]]:
+    """The decisions published per command id (result bytes -> outcome); retries and id conflicts aside."""
+    decisions: dict[CommandKey, dict[bytes, str]] = defaultdict(dict)
     for r in results:
         v = r.value
         if not v["duplicate"] and v["reason"] != "id_conflict":
-            decisions[(v["client_id"], v["command_id"])].add(r.raw)
-            outcome[(v["client_id"], v["command_id"])] = v["outcome"]
-    for key, values in decisions.items():
-        if len(values) > 1:
-            report.fail("P4", f"command {key} got {len(values)} different decisions")
-    accepted = {k for k, vals in decisions.items() if len(vals) == 1 and outcome[k] == "accepted"}
+            decisions[(v["client_id"], v["command_id"])][r.raw] = v["outcome"]
+    return decisions
 
-    # History deduplicated by entry id; a re-emission must be byte-identical.
+
+def _distinct(history: Iterable[TopicRecord]) -> dict[str, TopicRecord]:
+    """History deduplicated by entry id (the first publication of each)."""
     entries: dict[str, TopicRecord] = {}
     for h in history:
-        entry_id = h.value["entry_id"]
-        seen = entries.get(entry_id)
-        if seen is None:
-            entries[entry_id] = h
-        elif seen.raw != h.raw:
-            report.fail("P4", f"history entry {entry_id} published with two different contents")
-    c["history.distinct"] = len(entries)
+        entries.setdefault(h.value["entry_id"], h)
+    return entries
 
-    # P4: an accepted command changed the books exactly once (one entry per leg, one per other change).
+
+def _journals(entries: dict[str, TopicRecord]) -> dict[str, list[dict]]:
+    """Each account's history entries in seq order."""
+    journals: dict[str, list[dict]] = defaultdict(list)
+    for e in entries.values():
+        journals[e.value["account_id"]].append(e.value)
+    for items in journals.values():
+        items.sort(key=lambda v: v["seq"])
+    return dict(journals)
+
+
+def _fold(journals: dict[str, list[dict]]) -> dict[str, Fold]:
+    return {account: Fold(sum(int(v["amount"]) for v in items), int(items[-1]["held_after"]), items[-1]["seq"],
+                          items[-1]["currency"])
+            for account, items in journals.items()}
+
+
+def _floors(sent: dict[CommandKey, list[TopicRecord]], accepted: set[CommandKey]) -> dict[str, int]:
+    """Floor of available per account opened (accepted) with allow_negative false; system shards have none."""
+    floors = {}
+    for key, cmds in sent.items():
+        if key not in accepted:
+            continue
+        kind, body = _body(cmds[0])
+        if kind == "OpenAccount" and not body["allow_negative"]:
+            try:
+                floors.setdefault(body["account_id"], -int(body["overdraft_limit"]))
+            except ValueError:
+                pass  # an accepted open has an integer limit; the other oracles judge a forged one
+    return floors
+
+
+# The oracles ---------------------------------------------------------------------------------------------------
+
+def check_every_command_answered(report: Report, commands: Iterable[TopicRecord],
+                                 decisions: dict[CommandKey, dict[bytes, str]], results: Iterable[TopicRecord],
+                                 dead_letters: Iterable[TopicRecord]) -> None:
+    """P8: each command has a result deciding its id (a retry's duplicate or an id_conflict answers a later
+    delivery, never the first), or a dead letter keyed by its place in the log (partition/offset, plus /index for
+    an item of a CommandBatch)."""
+    dead_at = {d.key for d in dead_letters}
+    replied = {(r.value["client_id"], r.value["command_id"]) for r in results}
+    judged: set[CommandKey] = set()
+    for cmd in commands:
+        if cmd.value is None:
+            if _where(cmd).encode() not in dead_at:
+                report.fail("P8", f"undecodable command at {_where(cmd)} has no dead letter")
+            continue
+        key = (cmd.value["client_id"], cmd.value["command_id"])
+        if key in judged or decisions.get(key):
+            continue
+        judged.add(key)  # once per command id, however often it was sent
+        if key in replied:
+            report.fail("P8", f"command {key} at {_where(cmd)} was answered only as a retry or a conflict, "
+                              "never decided")
+        else:
+            report.fail("P8", f"command {key} at {_where(cmd)} has no result")
+
+
+def check_one_decision_per_command(report: Report, decisions: dict[CommandKey, dict[bytes, str]]) -> None:
+    """P4: one decision per command id; a re-emitted result is byte-identical to the first."""
+    for key, raws in decisions.items():
+        if len(raws) > 1:
+            outcomes = sorted(set(raws.values()))
+            report.fail("P4", f"command {key} got {len(raws)} different decisions ({', '.join(outcomes)})")
+
+
+def check_reemissions_identical(report: Report, history: Iterable[TopicRecord]) -> None:
+    """P4: a history entry published again (a command redone after a crash) is byte-identical."""
+    first: dict[str, bytes] = {}
+    for h in history:
+        entry_id = h.value["entry_id"]
+        seen = first.setdefault(entry_id, h.raw)
+        if seen != h.raw:
+            report.fail("P4", f"history entry {entry_id} (command {h.value['command_id']} of {h.value['client_id']}) "
+                              "published with two different contents")
+
+
+def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, list[TopicRecord]],
+                                      accepted: set[CommandKey], entries: dict[str, TopicRecord],
+                                      results: Iterable[TopicRecord]) -> None:
+    """P4: an accepted client command changed the books exactly once: one history entry per leg of a
+    transaction, one for any other change. A transaction with debits in several partitions posted its debits
+    under engine ids (~commit~); under its own id: its credits and one clearing leg per credited currency."""
     per_command = Counter((e.value["client_id"], e.value["command_id"]) for e in entries.values())
-    spanning = {k[1].rsplit("~", 1)[0] for k in answered if k[0] == ENGINE_CLIENT and k[1].endswith("~begin")}
+    spanning = {r.value["command_id"].rsplit("~", 1)[0] for r in results
+                if r.value["client_id"] == ENGINE_CLIENT and r.value["command_id"].endswith("~begin")}
     for key, cmds in sent.items():
         if key not in accepted or key[0] == ENGINE_CLIENT:
             continue
         kind, body = _body(cmds[0])
         expected = len(body["legs"]) if kind == "PostTransaction" else 1
         if f"{key[0]}/{key[1]}" in spanning:
-            # Debits posted in their partitions (under ~commit~ ids); here: credits and one funding leg per currency.
             credits = [leg for leg in body["legs"] if not leg["amount"].startswith("-")]
             expected = len(credits) + len({leg["currency"] or leg["account_id"].rsplit(":", 1)[-1] for leg in credits})
         if per_command[key] != expected:
             report.fail("P4", f"command {key} has {per_command[key]} history entries, expected {expected}")
 
-    # P3: per-account seq gapless and increasing; balances equal the fold of history.
-    by_account: dict[str, list[dict]] = defaultdict(list)
-    for e in entries.values():
-        by_account[e.value["account_id"]].append(e.value)
-    policies = _policies(sent)
-    folded: dict[str, tuple[int, int, int, str]] = {}  # account -> (posted, held, seq, currency)
-    for account, items in by_account.items():
-        items.sort(key=lambda v: v["seq"])
+
+def check_seq_and_posted_after(report: Report, journals: dict[str, list[dict]]) -> None:
+    """P3: each account's seqs are 1..n (no gap, no repeat) and each posted_after is the fold so far."""
+    for account, items in journals.items():
         seqs = [v["seq"] for v in items]
         if seqs != list(range(1, len(seqs) + 1)):
             report.fail("P3", f"{account} seqs are not 1..n: {_gaps(seqs)}")
@@ -151,44 +339,69 @@ def verify(settings: Settings) -> Report:
             posted += int(v["amount"])
             if posted != int(v["posted_after"]):
                 report.fail("P3", f"{account}#{v['seq']} posted_after {v['posted_after']} != fold {posted}")
-            floor = policies.get(account)
-            if floor is not None and posted - int(v["held_after"]) < floor:
-                report.fail("P2", f"{account}#{v['seq']} available {posted - int(v['held_after'])} below {floor}")
-        folded[account] = (posted, int(items[-1]["held_after"]), seqs[-1], items[-1]["currency"])
 
+
+def check_no_overdraft(report: Report, journals: dict[str, list[dict]], floors: dict[str, int]) -> None:
+    """P2: along the fold of its history, an account without allow_negative keeps posted - held >= its floor."""
+    for account, floor in floors.items():
+        posted = 0
+        for v in journals.get(account, ()):
+            posted += int(v["amount"])
+            available = posted - int(v["held_after"])
+            if available < floor:
+                report.fail("P2", f"{account}#{v['seq']} available {available} below {floor}")
+
+
+def check_balances_are_the_fold(report: Report, balances: Iterable[TopicRecord], fold: dict[str, Fold]) -> None:
+    """The balances topic's latest view of each account equals the fold of its history (posted, held, seq),
+    and every account with history has one."""
     latest = {account: r.value for account, r in latest_per_account(balances).items()}
-    c["accounts"] = len(latest)
+    report.counts["accounts"] = len(latest)
     for account, v in latest.items():
-        fold = folded.get(account)
-        if fold is None or (int(v["posted"]), int(v["held"]), v["seq"]) != fold[:3]:
-            report.fail("fold", f"balance of {account} {v['posted']}/{v['held']}#{v['seq']} != history {fold}")
+        folded = fold.get(account)
+        if folded is None or (int(v["posted"]), int(v["held"]), v["seq"]) != folded[:3]:
+            report.fail("fold", f"balance of {account} {v['posted']}/{v['held']}#{v['seq']} != history "
+                                f"{'none' if folded is None else f'{folded.posted}/{folded.held}#{folded.seq}'}")
+    for account in fold.keys() - latest.keys():
+        report.fail("fold", f"{account} has history up to #{fold[account].seq} but no balance")
 
-    # P1: every transaction balanced per currency; every currency sums to zero.
+
+def check_double_entry(report: Report, entries: dict[str, TopicRecord], fold: dict[str, Fold]) -> None:
+    """P1: every transaction's legs sum to zero per currency; every currency sums to zero over all accounts."""
     tx_sums: dict[tuple[str, str, str], int] = defaultdict(int)
     for e in entries.values():
         v = e.value
         if v["transaction_id"] is not None:
             tx_sums[(v["client_id"], v["transaction_id"], v["currency"])] += int(v["amount"])
-    c["transactions"] = len({(client, t) for client, t, _ in tx_sums})
-    for (_, tx, currency), total in tx_sums.items():
+    report.counts["transactions"] = len({(client, tx) for client, tx, _ in tx_sums})
+    for (client, tx, currency), total in tx_sums.items():
         if total:
-            report.fail("P1", f"transaction {tx} sums to {total} in {currency}")
+            report.fail("P1", f"transaction {tx} of {client} sums to {total} in {currency}")
     sums: dict[str, int] = defaultdict(int)
-    clearing: dict[str, int] = defaultdict(int)
-    for account, (posted, _, _, currency) in folded.items():
-        sums[currency] += posted
-        if routing.unsharded(account).startswith("sys:clearing:"):
-            clearing[currency] += posted
+    for folded in fold.values():
+        sums[folded.currency] += folded.posted
     report.sums = dict(sums)
     for currency, total in sums.items():
         if total:
             report.fail("P1", f"{currency} sums to {total} over all accounts")
-    # P6: nothing stays in clearing once quiescent.
-    for currency, total in clearing.items():
-        if total:
-            report.fail("P6", f"{total} {currency} still in clearing")
 
-    # P5: each hold ends once with captured + released == amount; held equals the open remainders.
+
+def check_clearing_empty(report: Report, fold: dict[str, Fold]) -> None:
+    """P6: once quiescent, the clearing shards of each currency sum to zero (money in flight has landed)."""
+    clearing: dict[str, dict[str, int]] = defaultdict(dict)
+    for account, folded in fold.items():
+        if routing.unsharded(account).startswith("sys:clearing:") and folded.posted:
+            clearing[folded.currency][account] = folded.posted
+    for currency, shards in clearing.items():
+        total = sum(shards.values())
+        if total:
+            detail = ", ".join(f"{account} {posted}" for account, posted in sorted(shards.items()))
+            report.fail("P6", f"{total} {currency} still in clearing ({detail})")
+
+
+def check_holds_settle_once(report: Report, results: Iterable[TopicRecord], fold: dict[str, Fold]) -> None:
+    """P5: each hold, in its most settled published state, ends with captured + released = amount, or is open
+    with something remaining; each account's held equals the remainders of its open holds."""
     holds: dict[str, dict] = {}
     for r in results:
         if r.value["duplicate"]:
@@ -197,30 +410,20 @@ def verify(settings: Settings) -> Report:
             prev = holds.get(h["hold_id"])
             if prev is None or int(h["captured"]) + int(h["released"]) >= int(prev["captured"]) + int(prev["released"]):
                 holds[h["hold_id"]] = h
-    c["holds"] = len(holds)
+    report.counts["holds"] = len(holds)
     open_remaining: dict[str, int] = defaultdict(int)
     for hold_id, h in holds.items():
         amount, done = int(h["amount"]), int(h["captured"]) + int(h["released"])
         if h["status"] == "open":
             open_remaining[h["account_id"]] += amount - done
             if done >= amount:
-                report.fail("P5", f"hold {hold_id} is open with nothing remaining")
+                report.fail("P5", f"hold {hold_id} on {h['account_id']} is open with nothing remaining")
         elif done != amount:
-            report.fail("P5", f"hold {hold_id} ended {h['status']} with captured+released {done} != {amount}")
-    for account, (_, held, _, _) in folded.items():
-        if held != open_remaining.get(account, 0):
-            report.fail("P5", f"{account} holds {held} but its open holds total {open_remaining.get(account, 0)}")
-    return report
-
-
-def _policies(sent: dict[tuple[str, str], list[TopicRecord]]) -> dict[str, int]:
-    """Floor of available per account opened with allow_negative false (system shards have none)."""
-    floors = {}
-    for cmds in sent.values():
-        kind, body = _body(cmds[0])
-        if kind == "OpenAccount" and not body["allow_negative"]:
-            floors.setdefault(body["account_id"], -int(body["overdraft_limit"]))
-    return floors
+            report.fail("P5", f"hold {hold_id} on {h['account_id']} ended {h['status']} with captured+released "
+                              f"{done} != {amount}")
+    for account, folded in fold.items():
+        if folded.held != open_remaining.get(account, 0):
+            report.fail("P5", f"{account} holds {folded.held} but its open holds total {open_remaining.get(account, 0)}")
 
 
 def _gaps(seqs: list[int]) -> str:
@@ -231,5 +434,6 @@ def format_report(report: Report) -> str:
     lines = [f"{'OK' if report.ok else 'VIOLATIONS'}"]
     lines += [f"  {k:28} {v}" for k, v in sorted(report.counts.items())]
     lines += [f"  sum {cur:24} {total}" for cur, total in sorted(report.sums.items())]
+    lines += [f"  ? {n}" for n in report.notes]
     lines += [f"  ! {v}" for v in report.violations]
     return "\n".join(lines)
