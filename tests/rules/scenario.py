@@ -6,7 +6,7 @@
         .assert_balances({"alice:USDT": ("40000", "30000")}))
 
 Each step builds a business event, turns it into commands with ``connectors.rules.plan`` and sends every
-command through the in-memory ``Bus`` of tests/engine/test_spanning.py (eight PartitionProcessors, no
+command through the in-memory ``Bus`` of tests/helpers/bus.py (eight PartitionProcessors, no
 Kafka), so rule output goes through the same engine as any transaction, multi-partition protocol included.
 Each step expects an outcome (``"accepted"`` unless told a rejection reason) and, once the bus is quiet,
 checks that every currency sums to zero, clearing is empty and no transaction is left in flight.
@@ -35,7 +35,8 @@ from schemas.codec import codec
 from streams import routing
 from streams.core import DEFAULT_CURRENCIES, format_amount, parse_amount
 from streams.wire import account_from_record
-from tests.engine.test_spanning import N, Bus
+from tests.helpers.bus import Bus
+from tests.helpers.records import N
 
 C = codec()
 BASE, QUOTE = "BTC", "USDT"
