@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,6 +101,51 @@ class Worker:
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def log_since_start(self, start: int | None = None) -> str:
+        """The log of one start (default: the latest), from its marker line to the next one."""
+        start = self.starts - 1 if start is None else start
+        text = self.log_path.read_text(errors="replace")
+        begin = text.find(f"==== start {start} ====")
+        if begin < 0:
+            return ""
+        end = text.find(f"==== start {start + 1} ====", begin)
+        return text[begin:] if end < 0 else text[begin:end]
+
+    def wait_log(self, needle: str, timeout_s: float = 60.0, start: int | None = None) -> str:
+        """Wait until the log of a start contains needle; returns that log. Fails early if the process died."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = self.log_since_start(start)
+            if needle in text:
+                return text
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode} before logging "
+                                   f"{needle!r}:\n{self.tail()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"worker {self.name} did not log {needle!r} in {timeout_s}s:\n{self.tail()}")
+
+    def wait_exit(self, timeout_s: float = 120.0) -> int:
+        """The exit code once the process ends by itself (negative: killed by that signal)."""
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"worker {self.name} still running after {timeout_s}s:\n{self.tail()}") from None
+
+    def stopped(self) -> bool:
+        """True while the process is stopped by a signal (state T in /proc)."""
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        except FileNotFoundError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+    def wipe_state(self) -> None:
+        """Lose every partition's RocksDB (the worker must not be running): restore reads the changelog."""
+        assert not self.alive, "wipe the state of a stopped worker only"
+        for p in self.data_dir.glob("p*"):
+            if p.name[1:].isdigit():
+                shutil.rmtree(p)
 
     def kill9(self) -> None:
         if self.proc and self.proc.poll() is None:
