@@ -83,7 +83,7 @@ class Bus:
         self.results: list[dict] = []  # every result emitted, copies included, in emission order
         self.emitted: list[EmittedResult] = []  # the same, with keys, bytes and whether it is a decision
         self.history: list[dict] = []  # every history entry emitted, copies included
-        self.history_bytes: list[tuple[bytes, bytes]] = []  # (entry id, encoded entry)
+        self.history_bytes: list[tuple[bytes, bytes]] = []  # (record key: the account id, encoded entry)
         self.dead_letters: list[dict] = []
         self.duplicate = duplicate_engine_commands
         self.batch_follow_ups = batch_follow_ups

@@ -22,16 +22,17 @@ def open_account(account: str, currency: str) -> bytes:
         "max_balance": None, "routing_key": None})
 
 
-def setup_trade(bus: Bus, ask: int = 20_000_000, ask_expires_at_ms: int | None = None) -> None:
-    """Open the four accounts, fund the buyer (40,000 USDT) and the seller (0.2 BTC), place the bid (30,000
-    USDT) and the ask (`ask` satoshi); the bus is quiet afterwards."""
+def setup_trade(bus: Bus, ask: int = 20_000_000, ask_expires_at_ms: int | None = None,
+                seller_btc: int = 20_000_000) -> None:
+    """Open the four accounts, fund the buyer (40,000 USDT) and the seller (`seller_btc` satoshi, 0.2 BTC),
+    place the bid (30,000 USDT) and the ask (`ask` satoshi); the bus is quiet afterwards."""
     assert BUYER_P != SELLER_P
     for account, currency in ((BUYER_USDT, "USDT"), (BUYER_BTC, "BTC"), (SELLER_USDT, "USDT"), (SELLER_BTC, "BTC")):
         bus.send(open_account(account, currency), account)
     bus.run()
     bus.send(tx("dep-b", [("sys:world:USDT", -40_000_000_000, None, None), (BUYER_USDT, 40_000_000_000, None, None)]),
              BUYER_USDT)
-    bus.send(tx("dep-s", [("sys:world:BTC", -20_000_000, None, None), (SELLER_BTC, 20_000_000, None, None)]),
+    bus.send(tx("dep-s", [("sys:world:BTC", -seller_btc, None, None), (SELLER_BTC, seller_btc, None, None)]),
              SELLER_BTC)
     bus.run()
     bus.send(place_hold("bid", BUYER_USDT, 30_000_000_000, None), BUYER_USDT)

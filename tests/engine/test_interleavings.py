@@ -1,0 +1,181 @@
+"""Transactions in flight at the same time, delivered in shuffled orders, with redeliveries and crashes.
+
+The multi-partition bus (tests/helpers/bus.py) runs the engine's commit path per partition; here it delivers
+in seeded random orders (each partition's records stay in order, as on Kafka), several records per commit,
+and crashes workers at any step of the commit path. The oracles (tests/helpers/oracles.py) check the
+promises of DESIGN.md after every step, not only once the bus is quiet.
+
+First, explicit contention on one hold or one account (each drives the bus into the contended state, then
+lets a random schedule finish); then a property test that sends many commands without waiting.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streams import routing
+from tests.helpers.bus import Bus, Crash
+from tests.helpers.oracles import Oracles
+from tests.helpers.records import N, command, open_account, tx
+from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, SELLER_USDT, TRADE, setup_trade
+
+SEEDS = range(6)
+CHAOS = {"max_records": 3, "crash_rate": 0.15, "restart_rate": 0.05}
+
+
+def checked_bus(**options) -> tuple[Bus, Oracles]:
+    bus = Bus(**options)
+    return bus, Oracles(bus)
+
+
+def send(bus: Bus, oracles: Oracles, value: bytes, account: str, at_ms: int | None = None) -> int:
+    oracles.sent_command(value)
+    return bus.send(value, account, at_ms)
+
+
+def step(bus: Bus, oracles: Oracles, partition: int, **options) -> None:
+    bus.step(partition, **options)
+    oracles.check_step()
+
+
+def finish(bus: Bus, oracles: Oracles, seed: int) -> None:
+    """Deliver everything in a random order with crashes, checking after every step, then once quiet."""
+    bus.run_random(random.Random(seed), oracles.check_step, **CHAOS)
+    oracles.check_quiet()
+
+
+def outcome(bus: Bus, command_id: str) -> str:
+    r = bus.result(command_id)
+    return r["outcome"] if r["outcome"] == "accepted" else r["reason"]
+
+
+def fill(fill_id: str, btc: int) -> list[tuple]:
+    """The buyer pays 59,900 USDT per BTC from the bid; the seller delivers `btc` satoshi from the ask."""
+    usdt = btc * 59_900 * 10**6 // 10**8
+    return [(BUYER_USDT, -usdt, "bid", None), (SELLER_USDT, usdt, None, "USDT"),
+            (SELLER_BTC, -btc, "ask", None), (BUYER_BTC, btc, None, "BTC")]
+
+
+def until_reserved(bus: Bus, oracles: Oracles, partition: int) -> None:
+    while bus.pending(partition):
+        step(bus, oracles, partition)
+
+
+# --- two transactions on one hold ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_client_capture_cannot_take_the_part_of_a_hold_a_trade_in_flight_has_locked(seed):
+    bus, oracles = checked_bus()
+    setup_trade(bus, ask=30_000_000, seller_btc=30_000_000)
+    send(bus, oracles, tx("fill-1", TRADE), BUYER_USDT)  # 0.2 of the 0.3 BTC ask
+    step(bus, oracles, BUYER_P)  # begun: Reserve to both partitions
+    until_reserved(bus, oracles, SELLER_P)  # 0.2 BTC of the ask locked; the vote is on its way
+    grab = [(SELLER_BTC, -20_000_000, "ask", None), ("sys:fees:BTC", 20_000_000, None, None)]
+    nibble = [(SELLER_BTC, -10_000_000, "ask", None), ("sys:fees:BTC", 10_000_000, None, None)]
+    send(bus, oracles, tx("grab", grab, kind="fee"), SELLER_BTC)
+    send(bus, oracles, tx("nibble", nibble, kind="fee"), SELLER_BTC)
+    step(bus, oracles, SELLER_P)
+    step(bus, oracles, SELLER_P)
+    assert outcome(bus, "grab") == "capture_exceeds_hold", "the locked part is not the client's to capture"
+    assert outcome(bus, "nibble") == "accepted", "the unlocked rest is"
+    finish(bus, oracles, seed)
+    assert outcome(bus, "fill-1") == "accepted"
+    ask = bus.hold("ask", SELLER_BTC)
+    assert (ask.status.value, ask.captured) == ("captured", 30_000_000)
+    assert bus.account(BUYER_BTC) == (19_980_000, 0)  # the fill, less the taker fee
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_reservation_cannot_lock_what_another_transaction_in_flight_has_locked(seed):
+    bus, oracles = checked_bus()
+    setup_trade(bus, ask=30_000_000, seller_btc=30_000_000)
+    send(bus, oracles, tx("fill-1", fill("fill-1", 20_000_000)), BUYER_USDT)
+    send(bus, oracles, tx("fill-2", fill("fill-2", 20_000_000)), BUYER_USDT)
+    step(bus, oracles, BUYER_P)
+    step(bus, oracles, BUYER_P)  # both begun: four Reserves out, none decided
+    until_reserved(bus, oracles, SELLER_P)
+    seller = bus.procs[SELLER_P]
+    assert seller.spanning.locked_amount("ask") == 20_000_000, "one reservation locked the ask, not both"
+    finish(bus, oracles, seed)
+    assert sorted([outcome(bus, "fill-1"), outcome(bus, "fill-2")]) == ["accepted", "capture_exceeds_hold"]
+    ask = bus.hold("ask", SELLER_BTC)
+    assert (ask.status.value, ask.captured, ask.remaining) == ("open", 20_000_000, 10_000_000)
+    assert bus.account(BUYER_BTC) == (20_000_000, 0)
+    assert bus.hold("bid", BUYER_USDT).captured == 11_980_000_000, "only the accepted fill took from the bid"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_hold_locked_by_a_transaction_in_flight_expires_only_after_the_decision(seed):
+    bus, oracles = checked_bus()
+    expires = bus.clock + 10_000
+    setup_trade(bus, ask_expires_at_ms=expires)
+    send(bus, oracles, tx("fill-1", fill("fill-1", 10_000_000)), BUYER_USDT)  # half the ask, before it expires
+    step(bus, oracles, BUYER_P)
+    until_reserved(bus, oracles, SELLER_P)
+    deposit = [("sys:world:USDT", -1, None, None), (SELLER_USDT, 1, None, None)]
+    send(bus, oracles, tx("late", deposit, kind="deposit"), SELLER_USDT, at_ms=expires + 1)
+    step(bus, oracles, SELLER_P)  # its log time is past the ask's expiry, but the ask is locked
+    assert outcome(bus, "late") == "accepted"
+    assert bus.hold("ask", SELLER_BTC).status.value == "open", "expired while a transaction had it locked"
+    finish(bus, oracles, seed)
+    assert outcome(bus, "fill-1") == "accepted"
+    assert bus.hold("ask", SELLER_BTC).captured == 10_000_000
+    send(bus, oracles, tx("later", deposit, kind="deposit"), SELLER_USDT, at_ms=expires + 2)
+    finish(bus, oracles, seed)
+    ask = bus.hold("ask", SELLER_BTC)
+    assert (ask.status.value, ask.captured, ask.released) == ("expired", 10_000_000, 10_000_000), \
+        "the unlocked rest expires with the partition's next command"
+
+
+def users_in_distinct_partitions(count: int, currency: str = "USD") -> list[str]:
+    found: dict[int, str] = {}
+    for i in range(1000):
+        account = f"user:{i}:{currency}"
+        found.setdefault(routing.partition_of_account(account, N), account)
+        if len(found) == count:
+            return list(found.values())
+    raise AssertionError("not enough partitions")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_two_cross_partition_transactions_on_one_account_with_funds_for_one(seed):
+    bus, oracles = checked_bus()
+    a, b, c = users_in_distinct_partitions(3)
+    for account in (a, b, c):
+        send(bus, oracles, open_account(account), account)
+    bus.run()
+    for account in (a, b):
+        send(bus, oracles, tx(f"dep:{account}", [("sys:world:USD", -100, None, None), (account, 100, None, None)],
+                              kind="deposit"), account)
+    bus.run()
+    legs = [(a, -80, None, None), (b, -10, None, None), (c, 90, None, "USD")]
+    send(bus, oracles, tx("t1", legs), a)
+    send(bus, oracles, tx("t2", legs), a)
+    coordinator = routing.partition_of_account(a, N)
+    step(bus, oracles, coordinator)
+    step(bus, oracles, coordinator)  # both begun before either reserves
+    finish(bus, oracles, seed)
+    assert sorted([outcome(bus, "t1"), outcome(bus, "t2")]) == ["accepted", "insufficient_funds"]
+    assert [bus.account(x) for x in (a, b, c)] == [(20, 0), (90, 0), (90, 0)]
+
+
+# --- order across partitions (P10) ---------------------------------------------------------------------------
+
+@pytest.mark.xfail(strict=True, reason=(
+    "P10 is not kept yet: a trade goes to its coordinator's partition and reaches the seller's partition "
+    "only as a Reserve one hop later, while a close the same producer sends afterwards goes straight to the "
+    "seller's partition; when that partition delivers first, the close releases the ask and the trade is "
+    "rejected (hold_not_open) although it was sent first"))
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_close_sent_after_a_trade_never_overtakes_it(seed):
+    bus, oracles = checked_bus()
+    setup_trade(bus)
+    send(bus, oracles, tx("fill-1", fill("fill-1", 5_000_000)), BUYER_USDT)
+    send(bus, oracles, command("close:ask", "ReleaseHold", {"hold_id": "ask"}), SELLER_BTC)
+    finish(bus, oracles, seed)
+    assert outcome(bus, "fill-1") == "accepted", "the trade was sent before the close"
+    ask = bus.hold("ask", SELLER_BTC)
+    assert (ask.status.value, ask.captured, ask.released) == ("released", 5_000_000, 15_000_000)
