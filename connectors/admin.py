@@ -28,8 +28,32 @@ class CoPartitioningError(RuntimeError):
     """A topic exists with another partition count than the ledger's; keys would land elsewhere."""
 
 
+class BrokerUnreachable(ConnectionError):
+    """The cluster did not answer within Settings.connect_timeout_s (LEDGER_CONNECT_TIMEOUT_S)."""
+
+    # The exit status of a CLI command that gave up for this reason (sysexits' EX_UNAVAILABLE).
+    EXIT_STATUS = 69
+
+    def __init__(self, settings: Settings, cause: object = ""):
+        super().__init__(f"cannot reach Kafka at {settings.bootstrap} within {settings.connect_timeout_s:g} s"
+                         + (f" ({cause})" if cause else ""))
+
+
+def require_broker(settings: Settings, handle=None) -> None:
+    """Return once the cluster answers a metadata request; raise BrokerUnreachable after the connect
+    timeout. handle: any confluent-kafka client already made for these settings (saves a connection)."""
+    handle = handle or AdminClient(settings.kafka_config())
+    try:
+        handle.list_topics(timeout=settings.connect_timeout_s)
+    except KafkaException as exc:
+        error = exc.args[0]
+        raise BrokerUnreachable(settings, error.str() if hasattr(error, "str") else error) from None
+
+
 def admin_client(settings: Settings) -> AdminClient:
-    return AdminClient(settings.kafka_config())
+    client = AdminClient(settings.kafka_config())
+    require_broker(settings, client)
+    return client
 
 
 def describe(settings: Settings, admin: AdminClient | None = None) -> dict[str, int | None]:

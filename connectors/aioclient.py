@@ -48,18 +48,17 @@ class AsyncLedgerClient:
         await self.close()
 
     def _read_results(self) -> None:
-        codec, consumer, client_id = self._sync._codec, self._sync._consumer, self._sync.client_id
+        """The reader thread: resolves the futures of the sends each result answers (skipping, counting
+        and logging what it cannot read, so one foreign record never stops it)."""
+        answers = self._sync._answers
         while not self._stop.is_set():
-            for msg in consumer.consume(1000, timeout=0.05):
-                if msg.error():
-                    continue
-                result = codec.decode("result", msg.value())
-                if result["client_id"] != client_id:
-                    continue
+            for result in self._sync.read_results(timeout_s=0.05):
                 with self._lock:
-                    futures = self._waiting.pop(result["command_id"], [])
+                    answered = answers.received(result)
+                    futures = self._waiting.pop(answered, []) if answered is not None else []
+                    answer = answers.answer(answered) if answered is not None else None
                 for fut in futures:
-                    self._loop.call_soon_threadsafe(_resolve, fut, result)
+                    self._loop.call_soon_threadsafe(_resolve, fut, answer)
 
     async def _call(self, send, timeout_s: float) -> dict[str, Any]:
         async with self._slots:

@@ -1,6 +1,7 @@
 """The `ledger` command line."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -8,7 +9,31 @@ import typer
 
 from streams import config
 
-app = typer.Typer(help="A streaming double-entry ledger on Apache Kafka.", no_args_is_help=True)
+
+
+class LedgerCli(typer.Typer):
+    """The `ledger` command: configuration errors and an unreachable cluster end it with one line and a
+    documented exit status (2: bad configuration; 69: no Kafka within LEDGER_CONNECT_TIMEOUT_S), never a
+    traceback or a flood of client logs."""
+
+    def __call__(self, *args, **kwargs):
+        import logging
+
+        from connectors.admin import BrokerUnreachable
+
+        # librdkafka's retries are noise on a terminal: BrokerUnreachable says what happened.
+        logging.getLogger("ledger.kafka").setLevel(os.environ.get("LEDGER_KAFKA_LOG_LEVEL", "CRITICAL"))
+        try:
+            return super().__call__(*args, **kwargs)
+        except config.ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except BrokerUnreachable as exc:
+            typer.echo(f"error: {exc}", err=True)
+            sys.exit(BrokerUnreachable.EXIT_STATUS)
+
+
+app = LedgerCli(help="A streaming double-entry ledger on Apache Kafka.", no_args_is_help=True)
 topics_app = typer.Typer(help="Create, check and delete the ledger's topics.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 show_app = typer.Typer(help="Read balances, history and holds from the read API (`ledger api`).",
@@ -46,6 +71,15 @@ def _show(api: str, path: str, as_json: bool) -> dict | None:
         typer.echo(json.dumps(data))
         return None
     return data
+
+
+def _kafka_settings() -> config.Settings:
+    """The settings, once the cluster has answered (BrokerUnreachable otherwise, within the connect timeout)."""
+    from connectors.admin import require_broker
+
+    settings = config.load()
+    require_broker(settings)
+    return settings
 
 
 def _money(value: dict) -> str:
@@ -111,7 +145,7 @@ def topics_delete(yes: bool = typer.Option(False, "--yes", help="Confirm deletio
     if not yes:
         typer.echo("refusing without --yes", err=True)
         raise typer.Exit(2)
-    delete_topics(config.load())
+    delete_topics(_kafka_settings())
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -130,7 +164,7 @@ def verify(
     """Check the oracles of DESIGN.md §2 over the topics (run it when the ledger is quiescent)."""
     from projections.verify import format_report, verify as run_verify, wait_quiescent
 
-    settings = config.load()
+    settings = _kafka_settings()
     if wait_s and not wait_quiescent(settings, wait_s):
         typer.echo(f"warning: the workers have not caught up after {wait_s}s; checking anyway", err=True)
     report = run_verify(settings)
@@ -178,12 +212,11 @@ def submit(
 ) -> None:
     """Send the commands of a JSON Lines file and wait for their results.
 
-    Bad lines are reported with their line number and skipped; the good lines are still sent.
-    Exit status: 0 when every line was valid and accepted, 1 otherwise.
+    Every line is checked first; bad lines are reported with their line number and skipped, the good lines
+    are still sent. A line answered as a duplicate (the file was submitted before) says so. A summary is
+    always printed. Exit status: 0 when every line was valid and accepted (now or before), 1 otherwise;
+    69 when Kafka cannot be reached.
     """
-    import json
-    from collections import Counter
-
     from rich.progress import Progress
 
     from connectors.client import LedgerClient, ResultTimeout
@@ -193,39 +226,59 @@ def submit(
     good, bad = parse_file(lines)
     for number, error in bad:
         typer.echo(f"line {number}: {error}", err=True)
-    client = LedgerClient(config.load(), client_id)
+    sent: list[tuple[int, str]] = []
+    results: dict[str, dict] = {}
     try:
-        with client.batch():  # a file is sent at once: one record per partition and 500 commands
-            sent = [(parsed.line, parsed.send(client)) for parsed in good]
-        client.flush()
-        results: dict[str, dict] = {}
-        with Progress(transient=True, disable=as_json) as progress:
-            task = progress.add_task("waiting for results", total=len(sent))
-            try:
-                for _, command_id in sent:
-                    results[command_id] = client.result(command_id, timeout_s)
-                    progress.advance(task)
-            except ResultTimeout as exc:
-                typer.echo(f"no result within {timeout_s}s for {len(exc.missing)} command(s); "
-                           f"resubmitting the same file is safe (same ids)", err=True)
-    finally:
-        client.close()
+        client = LedgerClient(config.load(), client_id)
+        try:
+            with client.batch():  # a file is sent at once: one record per partition and 500 commands
+                for parsed in good:
+                    sent.append((parsed.line, parsed.send(client)))
+            client.flush()
+            with Progress(transient=True, disable=as_json) as progress:
+                task = progress.add_task("waiting for results", total=len(sent))
+                try:
+                    for _, command_id in sent:
+                        results[command_id] = client.result(command_id, timeout_s)
+                        progress.advance(task)
+                except ResultTimeout as exc:
+                    typer.echo(f"no result within {timeout_s}s for {len(exc.missing)} command(s); "
+                               f"resubmitting the same file is safe (same ids)", err=True)
+        finally:
+            client.close()
+    except BaseException:  # interrupted, or no broker: still say what was sent and answered
+        _submit_summary(sent, results, bad, as_json)
+        raise
+    raise typer.Exit(_submit_summary(sent, results, bad, as_json))
+
+
+def _submit_summary(sent: list[tuple[int, str]], results: dict[str, dict], bad: list, as_json: bool) -> int:
+    """Print each answered line that is not a plain acceptance, and the summary; returns the exit status."""
+    import json
+    from collections import Counter
+
     outcomes = Counter()
+    duplicates = 0
     for line, command_id in sent:
         result = results.get(command_id)
         if result is None:
             outcomes["no result"] += 1
             continue
         outcomes[result["reason"] or "accepted"] += 1
+        duplicates += result["duplicate"]
         if as_json:
             typer.echo(json.dumps({"line": line, **result}))
+        elif result["duplicate"]:
+            typer.echo(f"line {line}: {command_id} duplicate: already {result['outcome']}"
+                       + (f" ({result['reason']})" if result["reason"] else ""))
         elif result["outcome"] == "rejected":
             typer.echo(f"line {line}: {command_id} rejected: {result['reason']} ({result['detail']})")
     if not as_json:
-        summary = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
-        typer.echo(f"{len(sent)} sent, {len(bad)} bad lines; {summary}")
+        summary = ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "nothing answered"
+        typer.echo(f"{len(sent)} sent, {len(bad)} bad lines; {summary}"
+                   + (f" ({duplicates} of them duplicates of an earlier submission)" if duplicates else ""))
     ok = not bad and outcomes.get("accepted", 0) == len(sent)
-    raise typer.Exit(0 if ok else 1)
+    return 0 if ok else 1
 
 
 def _send_one(line: dict, client_id: str, as_json: bool, timeout_s: float = 30.0) -> None:
@@ -312,10 +365,13 @@ def tail(
 
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
-    from schemas.codec import codec
+    from connectors.admin import require_broker
+    from schemas.codec import DecodeError, codec
 
     settings = config.load()
-    consumer = Consumer({**settings.kafka_config(), "group.id": f"tail-{uuid.uuid4()}", "enable.auto.commit": False})
+    consumer = Consumer({**settings.kafka_config(), "group.id": f"tail-{uuid.uuid4()}", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    require_broker(settings, consumer)
     start = OFFSET_BEGINNING if from_start else OFFSET_END
     consumer.assign([TopicPartition(settings.topic("results"), p, start) for p in range(settings.partitions)])
     c = codec()
@@ -324,7 +380,11 @@ def tail(
             for msg in consumer.consume(500, timeout=0.2):
                 if msg.error():
                     continue
-                r = c.decode("result", msg.value())
+                try:
+                    r = c.decode("result", msg.value())
+                except DecodeError as exc:
+                    typer.echo(f"skipped an unreadable record at {msg.partition()}/{msg.offset()}: {exc}", err=True)
+                    continue
                 if as_json:
                     typer.echo(json.dumps(r))
                 else:
@@ -346,7 +406,7 @@ def projector(db: str = READ_DB) -> None:
     """Project balances, history and results into the read store until interrupted."""
     from projections.projector import main
 
-    raise typer.Exit(main(config.load(), db))
+    raise typer.Exit(main(_kafka_settings(), db))
 
 
 @app.command()
@@ -361,7 +421,7 @@ def replay(
     """Rebuild the read projection from the topics and compare its hash with a live store."""
     from projections.replay import run_cli
 
-    raise typer.Exit(run_cli(config.load(), into, against, from_offsets, from_time, progress))
+    raise typer.Exit(run_cli(_kafka_settings(), into, against, from_offsets, from_time, progress))
 
 
 @app.command("rebuild-balances")
@@ -371,7 +431,7 @@ def rebuild_balances(
     """Fold the history topic into balance views and compare them byte for byte with the balances topic."""
     from projections.rebuild import rebuild_balances as rebuild
 
-    report = rebuild(config.load(), into_topic)
+    report = rebuild(_kafka_settings(), into_topic)
     typer.echo(f"{report.accounts} accounts from {report.history_records} history records")
     typer.echo(f"live balances hash   {report.live_hash}")
     typer.echo(f"rebuilt from history {report.rebuilt_hash}")

@@ -11,6 +11,7 @@ the worker's cost per Kafka record is then paid once per batch (docs/engine.md, 
 """
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from contextlib import contextmanager
@@ -19,11 +20,15 @@ from typing import Any, Iterable, Iterator
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from schemas.codec import codec
+from connectors.admin import BrokerUnreachable, require_broker
+from connectors.answers import Answers
+from schemas.codec import DecodeError, codec
 from streams import routing
 from streams.config import Settings
 from streams.producing import produce
 
+
+log = logging.getLogger("ledger.client")
 
 # Kafka's default record size limit is 1 MiB; a batch stays well below it whatever its commands hold.
 BATCH_MAX_BYTES = 512 * 1024
@@ -69,7 +74,9 @@ class LedgerClient:
     client_id: str = "client"
     _producer: Producer = field(init=False)
     _consumer: Consumer = field(init=False)
-    _results: dict[str, dict] = field(init=False, default_factory=dict)
+    _answers: Answers = field(init=False, default_factory=Answers)
+    # Results topic records this client could not read (foreign bytes, an unknown writer schema): skipped.
+    unreadable: int = field(init=False, default=0)
     # While batching: (key, encoded command) per partition not yet produced, and their total size.
     _pending: dict[int, list[tuple[bytes, bytes]]] | None = field(init=False, default=None)
     _pending_bytes: dict[int, int] = field(init=False, default_factory=dict)
@@ -81,28 +88,33 @@ class LedgerClient:
                                    "linger.ms": 2})
         self._consumer = Consumer({**self.settings.kafka_config(), "group.id": f"client-{uuid.uuid4()}",
                                    "enable.auto.commit": False, "isolation.level": "read_committed"})
+        # Fail fast: without a cluster that answers, give up within the connect timeout (BrokerUnreachable).
+        require_broker(self.settings, self._consumer)
         topic = self.settings.topic("results")
         # Results of commands sent from now on: start every partition at its current end.
+        deadline = time.monotonic() + self.settings.connect_timeout_s
         assignment = []
         for p in range(self.settings.partitions):
-            assignment.append(TopicPartition(topic, p, self._end_offset(topic, p)))
+            assignment.append(TopicPartition(topic, p, self._end_offset(topic, p, deadline)))
         self._consumer.assign(assignment)
 
-    def _end_offset(self, topic: str, partition: int, attempts: int = 50) -> int:
-        for attempt in range(attempts):
+    def _end_offset(self, topic: str, partition: int, deadline: float) -> int:
+        while True:
             try:
-                return self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
-            except KafkaException:  # leadership still settling on a new topic
-                if attempt == attempts - 1:
-                    raise
+                return self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                            timeout=self.settings.connect_timeout_s)[1]
+            except KafkaException as exc:  # leadership still settling on a new topic
+                if time.monotonic() > deadline:
+                    raise BrokerUnreachable(self.settings, f"no offsets for {topic}[{partition}]: {exc}") from None
                 time.sleep(0.1)
-        raise AssertionError("unreachable")
 
     # --- sending --------------------------------------------------------------------------------------------
     def send(self, command_id: str, body_name: str, body: dict[str, Any], routing_account: str) -> str:
         _require_id(command_id, "command_id")
         record = {"command_id": command_id, "client_id": self.client_id, "body": (f"ledger.{body_name}", body)}
-        self.send_raw(self._codec.encode("command", record), routing_account)
+        encoded = self._codec.encode("command", record)
+        self.send_raw(encoded, routing_account)
+        self._answers.sent(command_id, encoded)
         return command_id
 
     def send_raw(self, value: bytes, routing_account: str) -> None:
@@ -164,7 +176,9 @@ class LedgerClient:
     def submit(self, plan) -> list[str]:
         """Send every command of a business-event rule's plan (connectors.rules); returns their ids."""
         for routing_account, record in plan:
-            self.send_raw(self._codec.encode("command", record), routing_account)
+            encoded = self._codec.encode("command", record)
+            self.send_raw(encoded, routing_account)
+            self._answers.sent(record["command_id"], encoded)
         return list(plan.command_ids)
 
     def poll(self) -> None:
@@ -213,22 +227,39 @@ class LedgerClient:
 
     # --- results --------------------------------------------------------------------------------------------
     def wait(self, command_ids: Iterable[str], timeout_s: float = 30.0) -> dict[str, dict]:
-        """Results of these commands (the first non-duplicate answer seen for each)."""
+        """The answer to the latest send of each of these commands (connectors/answers.py): the decision
+        for the payload first sent under the id, `id_conflict` for a send that reused it with another."""
         self.flush()
         wanted = list(dict.fromkeys(command_ids))
         deadline = time.monotonic() + timeout_s
         while True:
-            missing = [c for c in wanted if c not in self._results]
+            answers = {c: self._answers.answer(c) for c in wanted}
+            missing = [c for c, a in answers.items() if a is None]
             if not missing:
-                return {c: self._results[c] for c in wanted}
+                return answers
             if time.monotonic() > deadline:
                 raise ResultTimeout(missing)
-            for msg in self._consumer.consume(1000, timeout=0.02):
-                if msg.error():
-                    continue
+            for result in self.read_results(timeout_s=0.02):
+                self._answers.received(result)
+
+    def read_results(self, timeout_s: float) -> list[dict]:
+        """This client's results published since the last call (waiting up to timeout_s for some). Records
+        it cannot read are skipped, counted in `unreadable` and logged, never raised: one foreign record on
+        the results topic must not stop a client."""
+        mine = []
+        for msg in self._consumer.consume(1000, timeout=timeout_s):
+            if msg.error():
+                continue
+            try:
                 result = self._codec.decode("result", msg.value())
-                if result["client_id"] == self.client_id:
-                    self._results.setdefault(result["command_id"], result)
+            except DecodeError as exc:
+                self.unreadable += 1
+                log.warning("skipping an unreadable record on %s[%d] at offset %d: %s",
+                            msg.topic(), msg.partition(), msg.offset(), exc)
+                continue
+            if result["client_id"] == self.client_id:
+                mine.append(result)
+        return mine
 
     def result(self, command_id: str, timeout_s: float = 30.0) -> dict:
         return self.wait([command_id], timeout_s)[command_id]

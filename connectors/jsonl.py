@@ -11,10 +11,17 @@
 
 Amounts are in major units with at most the currency's scale ("10.00" USD, "0.5" BTC), converted exactly;
 more digits than the scale is an error, never a rounding. A leg's currency is its "currency" field or the
-last segment of its account id. Optional on every line: "id" (command id; defaults derive from the line).
+last segment of its account id. Optional on every line: "id" (the command id).
+
+Without an "id", a line's command id is derived from its type, its target, its line number and a digest of
+its text: `freeze:user:bob:USD@3~9f2c1a0b7d4e`. So two identical lines of one file are two commands (a
+freeze, an unfreeze and a freeze again all take effect), while submitting the same file again sends the
+same ids, and each line is answered as a duplicate of its first submission. Editing a line gives it a new id.
+Every field is checked, types included, before anything is sent.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -53,6 +60,26 @@ def _minor(text: Any, currency_code: str, currencies: CurrencyRegistry, field: s
     return value
 
 
+def _optional_text(obj: dict, field: str) -> str | None:
+    value = obj.get(field)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise LineError(f"{field!r} must be a non-empty string when given (got {json.dumps(value)})")
+    return value
+
+
+def _metadata(obj: dict) -> dict[str, str]:
+    value = obj.get("metadata") or {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise LineError("'metadata' must be an object of string values")
+    return value
+
+
+def derived_id(kind: str, target: str, number: int, text: str) -> str:
+    """The command id of a line without "id": stable for the same line at the same place in a file."""
+    digest = hashlib.sha256(text.strip().encode()).hexdigest()[:12]
+    return f"{kind}:{target}@{number}~{digest}"
+
+
 def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CURRENCIES) -> Parsed:
     try:
         obj = json.loads(text)
@@ -61,15 +88,14 @@ def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CU
     if not isinstance(obj, dict):
         raise LineError("a line must be a JSON object")
     kind = obj.get("type")
-    command_id = obj.get("id")
-    if command_id is not None and not isinstance(command_id, str):
-        raise LineError("'id' must be a string")
+    command_id = _optional_text(obj, "id")
     if kind == "open":
         account, currency = _text(obj, "account"), _text(obj, "currency")
         if currencies.get(currency) is None:
             raise LineError(f"unknown currency {currency!r}")
         overdraft = _minor(obj.get("overdraft_limit", "0"), currency, currencies, "overdraft_limit")
-        return Parsed(number, lambda c: c.open_account(account, currency, command_id=command_id,
+        open_id = command_id or derived_id("open", account, number, text)
+        return Parsed(number, lambda c: c.open_account(account, currency, command_id=open_id,
                                                        overdraft_limit=overdraft))
     if kind == "post":
         legs_in = obj.get("legs")
@@ -80,26 +106,30 @@ def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CU
             if not isinstance(leg, dict):
                 raise LineError(f"leg {i} must be an object")
             account = _text(leg, "account")
-            currency = leg.get("currency") or routing.system_currency(account)
+            hold, leg_currency = _optional_text(leg, "hold"), _optional_text(leg, "currency")
+            currency = leg_currency or routing.system_currency(account)
             legs.append(Leg(account, _minor(leg.get("amount"), currency, currencies, f"leg {i} amount"),
-                            hold_id=leg.get("hold"), currency=leg.get("currency")))
+                            hold_id=hold, currency=leg_currency))
         tx_id = command_id or _text(obj, "id")
-        return Parsed(number, lambda c: c.post(tx_id, legs, kind=obj.get("kind", "transfer"),
-                                               reference=obj.get("reference"), metadata=obj.get("metadata")))
+        tx_kind = _optional_text(obj, "kind") or "transfer"
+        reference, metadata = _optional_text(obj, "reference"), _metadata(obj)
+        return Parsed(number, lambda c: c.post(tx_id, legs, kind=tx_kind, reference=reference, metadata=metadata))
     if kind == "hold":
         account = _text(obj, "account")
         amount = _minor(obj.get("amount"), routing.system_currency(account), currencies, "amount")
         hold_id, expires = _text(obj, "id"), obj.get("expires_at_ms")
-        if expires is not None and type(expires) is not int:
+        if expires is not None and (type(expires) is not int or not 0 <= expires < 2**63):
             raise LineError("'expires_at_ms' must be an integer (ms since the epoch)")
         return Parsed(number, lambda c: c.place_hold(hold_id, account, amount, expires_at_ms=expires))
     if kind == "release":
         hold_id, account = _text(obj, "hold"), _text(obj, "account")
-        return Parsed(number, lambda c: c.release_hold(hold_id, account, command_id=command_id))
+        release_id = command_id or derived_id("release", hold_id, number, text)
+        return Parsed(number, lambda c: c.release_hold(hold_id, account, command_id=release_id))
     names = {"freeze": "FreezeAccount", "unfreeze": "UnfreezeAccount", "close": "CloseAccount"}
     if kind in names:
         account = _text(obj, "account")
-        return Parsed(number, lambda c: c.account_command(names[kind], account, command_id=command_id))
+        control_id = command_id or derived_id(kind, account, number, text)
+        return Parsed(number, lambda c: c.account_command(names[kind], account, command_id=control_id))
     raise LineError(f"unknown type {kind!r}; expected one of open, post, hold, release, freeze, unfreeze, close")
 
 

@@ -3,11 +3,18 @@
 KAFKA_BOOTSTRAP points everything at a cluster (default: the local broker of scripts/kafka.sh).
 Security settings pass straight through to the clients: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM,
 KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD, KAFKA_SSL_CA_LOCATION.
+LEDGER_CONNECT_TIMEOUT_S bounds how long a client or CLI command waits for the cluster before it gives up
+with one line (`error: cannot reach Kafka at HOST:PORT`) instead of retrying for ever.
 """
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+# librdkafka's own log lines (connection refused, broker down, ...) go through this logger instead of
+# straight to stderr, so a process decides how much of them it shows.
+KAFKA_LOG = logging.getLogger("ledger.kafka")
 
 TOPIC_NAMES = ("commands", "results", "balances", "history", "dlq", "changelog")
 # How a worker takes command records from its Faust stream: at most BATCH_MAX per batch, waiting at most
@@ -25,6 +32,8 @@ class Settings:
     partitions: int = 8
     replication: int = 1
     security: dict[str, str] = field(default_factory=dict)
+    # How long a client waits for the cluster to answer at all before giving up (BrokerUnreachable).
+    connect_timeout_s: float = 10.0
 
     def topic(self, name: str) -> str:
         assert name in TOPIC_NAMES, name
@@ -32,10 +41,25 @@ class Settings:
 
     def kafka_config(self) -> dict[str, str]:
         """confluent-kafka (librdkafka) configuration with the security pass-through."""
-        return {"bootstrap.servers": self.bootstrap, **self.security}
+        return {"bootstrap.servers": self.bootstrap, "logger": KAFKA_LOG, **self.security}
 
     def with_prefix(self, prefix: str) -> "Settings":
-        return Settings(self.bootstrap, prefix, self.partitions, self.replication, dict(self.security))
+        return replace(self, prefix=prefix, security=dict(self.security))
+
+
+class ConfigError(ValueError):
+    """An environment variable whose value the ledger cannot use; the message names it."""
+
+
+def _number(env: dict[str, str], name: str, default: str, kind: type, minimum: float) -> int | float:
+    text = env.get(name) or default
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a{'n integer' if kind is int else ' number'}") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={text!r} must be at least {minimum}")
+    return value
 
 
 def _security_from_env(env: dict[str, str]) -> dict[str, str]:
@@ -54,7 +78,8 @@ def load(env: dict[str, str] | None = None) -> Settings:
     return Settings(
         bootstrap=env.get("KAFKA_BOOTSTRAP") or "127.0.0.1:9092",
         prefix=env.get("LEDGER_TOPIC_PREFIX", "ledger."),
-        partitions=int(env.get("LEDGER_PARTITIONS", "8")),
-        replication=int(env.get("LEDGER_REPLICATION", "1")),
+        partitions=_number(env, "LEDGER_PARTITIONS", "8", int, 1),
+        replication=_number(env, "LEDGER_REPLICATION", "1", int, 1),
         security=_security_from_env(env),
+        connect_timeout_s=_number(env, "LEDGER_CONNECT_TIMEOUT_S", "10", float, 0.1),
     )

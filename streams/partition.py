@@ -50,6 +50,14 @@ class Output:
     timestamp_ms: int
 
 
+def result_key(client_id: str, command_id: str, reason: str | None) -> bytes:
+    """The results topic's key: client_id/command_id. An id_conflict answers another payload sent under a
+    used id, so it goes under its own key (…/command_id#id_conflict): a reader that keeps the latest result
+    per key (compaction, a table) keeps the command's decision, never the refusal of an impostor."""
+    key = f"{client_id}/{command_id}"
+    return (key + "#id_conflict" if reason == "id_conflict" else key).encode()
+
+
 def _inbox_key(client_id: str, command_id: str) -> bytes:
     return b"i/" + client_id.encode() + b"\x00" + command_id.encode()
 
@@ -483,8 +491,8 @@ class PartitionProcessor:
         self.state.stage(change, encoded_change, accounts, holds)
         self.changelog.append(encoded_change)
         at = wire_result["at_ms"]
-        self.outputs.append(Output("results", f"{client_id}/{command_id}".encode(), encoded_result,
-                                   self.partition, at))
+        self.outputs.append(Output("results", result_key(client_id, command_id, wire_result["reason"]),
+                                   encoded_result, self.partition, at))
         currency = {a.id: a.currency for a in accounts}
         for entry in history:
             value = self._codec.encode("history", history_to_wire(entry, currency[entry.account_id], command_id,
@@ -500,7 +508,7 @@ class PartitionProcessor:
 
     def _emit_result(self, wire_result: dict[str, Any]) -> None:
         self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
-        key = f"{wire_result['client_id']}/{wire_result['command_id']}".encode()
+        key = result_key(wire_result["client_id"], wire_result["command_id"], wire_result["reason"])
         self.outputs.append(Output("results", key, self._codec.encode("result", wire_result), self.partition,
                                    wire_result["at_ms"]))
 

@@ -1,0 +1,121 @@
+"""What a client or a CLI command does at the edges, against the real broker: foreign bytes on the results
+topic, an id reused with another payload, and no broker at all."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from connectors.admin import BrokerUnreachable
+from connectors.aioclient import AsyncLedgerClient
+from connectors.client import LedgerClient, Leg
+from projections.topics import read_topic
+from streams.config import Settings
+from tests.harness import ROOT
+
+
+def foreign_records_on_results(settings, value: bytes = b"not avro") -> None:
+    """What any producer with write access can put on the results topic: one record per partition."""
+    producer = Producer(settings.kafka_config())
+    for p in range(settings.partitions):
+        producer.produce(settings.topic("results"), value, b"x", partition=p)
+    assert producer.flush(10) == 0
+
+
+def deposit(amount: int, account: str = "user:ida:USD") -> list[Leg]:
+    return [Leg("sys:world:USD", -amount), Leg(account, amount)]
+
+
+def test_a_foreign_record_on_results_is_skipped_and_counted(settings, start_worker):
+    start_worker()
+    client = LedgerClient(settings, "edge")
+    foreign_records_on_results(settings)
+    foreign_records_on_results(settings, b"\xc3\x01" + b"\x00" * 8 + b"from a newer writer")
+    assert client.result(client.open_account("user:ida:USD", "USD"))["outcome"] == "accepted"
+    assert client.unreadable == 2 * settings.partitions
+
+    async def with_the_asyncio_client():
+        async with AsyncLedgerClient(settings, "edge-aio") as ledger:
+            foreign_records_on_results(settings)
+            first = await ledger.post("aio-dep-1", deposit(5), kind="deposit")
+            foreign_records_on_results(settings)
+            second = await ledger.post("aio-dep-2", deposit(7), kind="deposit")
+            return first, second
+
+    first, second = asyncio.run(with_the_asyncio_client())
+    assert first["outcome"] == second["outcome"] == "accepted", (first, second)
+    client.close()
+
+
+def test_a_reused_id_is_answered_id_conflict_and_never_displaces_the_decision(settings, start_worker):
+    start_worker()
+    client = LedgerClient(settings, "reuse")
+    client.result(client.open_account("user:ida:USD", "USD"))
+    first = client.result(client.post("dep-1", deposit(100), kind="deposit"))
+    assert (first["outcome"], first["duplicate"]) == ("accepted", False)
+    # The same id with another payload: the answer to that send is the refusal, not the cached decision.
+    other = client.result(client.post("dep-1", deposit(999), kind="deposit"))
+    assert (other["outcome"], other["reason"]) == ("rejected", "id_conflict")
+    # The original payload again: the decision, repeated.
+    again = client.result(client.post("dep-1", deposit(100), kind="deposit"))
+    assert (again["outcome"], again["reason"], again["duplicate"]) == ("accepted", None, True)
+    # A reader that keeps the latest result per key still sees the decision.
+    latest = {}
+    for r in read_topic(settings, "results"):
+        latest[r.key] = r.value
+    assert latest[b"reuse/dep-1"]["outcome"] == "accepted"
+    assert latest[b"reuse/dep-1#id_conflict"]["reason"] == "id_conflict"
+    client.close()
+
+
+def test_no_broker_fails_fast_with_one_line():
+    settings = Settings(bootstrap="127.0.0.1:1", prefix="nobroker.", connect_timeout_s=1.0)
+    with pytest.raises(BrokerUnreachable, match="cannot reach Kafka at 127.0.0.1:1"):
+        LedgerClient(settings, "c")
+    env = {**os.environ, "KAFKA_BOOTSTRAP": "127.0.0.1:1", "LEDGER_CONNECT_TIMEOUT_S": "1"}
+    for args in (["open", "user:1:USD", "USD"], ["verify"], ["topics", "create"], ["tail"]):
+        done = subprocess.run([sys.executable, "-m", "connectors.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=ROOT, timeout=120)
+        assert done.returncode == BrokerUnreachable.EXIT_STATUS, (args, done.stdout, done.stderr)
+        assert done.stderr.strip().splitlines() == ["error: cannot reach Kafka at 127.0.0.1:1 within 1 s "
+                                                    "(Failed to get metadata: Local: Broker transport failure)"], \
+            (args, done.stderr)
+
+
+def test_a_bad_setting_is_one_line_not_a_traceback():
+    env = {**os.environ, "LEDGER_PARTITIONS": "eight"}
+    done = subprocess.run([sys.executable, "-m", "connectors.cli", "verify"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == "error: LEDGER_PARTITIONS='eight' is not an integer"
+
+
+def test_tail_skips_what_it_cannot_read(settings, start_worker):
+    start_worker()
+    client = LedgerClient(settings, "tailed")
+    foreign_records_on_results(settings)
+    client.result(client.open_account("user:ida:USD", "USD"))
+    env = {**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap, "LEDGER_TOPIC_PREFIX": settings.prefix}
+    tail = subprocess.Popen([sys.executable, "-m", "connectors.cli", "tail", "--from-start"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(tail.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while not any("tailed/open:user:ida:USD: accepted" in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    tail.send_signal(signal.SIGINT)
+    err = tail.stderr.read()
+    tail.wait(30)
+    reader.join(10)
+    out = "".join(lines)
+    assert "tailed/open:user:ida:USD: accepted" in out, (out, err)
+    assert err.count("skipped an unreadable record") == settings.partitions, err
+    assert "Traceback" not in err
+    client.close()
