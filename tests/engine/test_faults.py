@@ -63,8 +63,8 @@ def test_duplicates_and_conflicts_across_a_restart(settings, start_worker):
     deposit = [Leg("sys:world:USD", -1_000), Leg("user:eve:USD", 1_000)]
     for _ in range(3):
         client.post("dep-1", deposit, kind="deposit")
-    first = client.result("dep-1")
-    assert first["outcome"] == "accepted" and not first["duplicate"]
+    latest = client.result("dep-1")  # the answer to the third send: the decision again, flagged
+    assert latest["outcome"] == "accepted" and latest["duplicate"]
     worker.stop()
     worker.start()
     client.post("dep-1", deposit, kind="deposit")  # a retry after the restart
