@@ -72,7 +72,12 @@ class EmittedResult:
 
 class Bus:
     def __init__(self, duplicate_engine_commands: bool = False, batch_follow_ups: bool = False,
-                 partitions: int = N):
+                 partitions: int = N, changelog_cuts: str = "anywhere"):
+        """changelog_cuts: where a crash may cut the changelog of a batch: "anywhere" (any prefix of its
+        records, as Kafka may have appended when the worker died) or "between_records" (only between the
+        changelog records of two command records: each record's redo records all or none)."""
+        assert changelog_cuts in ("anywhere", "between_records"), changelog_cuts
+        self.changelog_cuts = changelog_cuts
         self.n = partitions
         self.stores = {p: MemoryStore() for p in range(partitions)}
         self.procs = {p: PartitionProcessor(p, partitions, self.stores[p]) for p in range(partitions)}
@@ -125,8 +130,10 @@ class Bus:
         batch = self.logs[partition][start:start + records]
         assert batch, f"partition {partition} has nothing to deliver"
         self.trace.append(f"p{partition}@{start}+{len(batch)}" + (f" crash:{crash.point}/{crash.count}" if crash else ""))
+        boundaries = [0]  # changelog records staged after each record of the batch
         for i, record in enumerate(batch):  # 2. decide; writes are staged
             proc.handle(start + i, record.timestamp_ms, record.key, record.value)
+            boundaries.append(len(proc.changelog))
         outputs, changelog = proc.take()
         if crash is not None and crash.point == "decided":
             return self._restart(partition, crash.fresh_store)
@@ -138,7 +145,12 @@ class Bus:
         self._emit(partition, emit, decisions)  # 3. outputs
         if crash is not None and crash.point == "outputs":
             return self._restart(partition, crash.fresh_store)
-        written = changelog[:crash.count] if crash is not None and crash.point == "changelog" else changelog
+        written = changelog
+        if crash is not None and crash.point == "changelog":
+            cut = crash.count
+            if self.changelog_cuts == "between_records":
+                cut = max(b for b in boundaries if b <= cut)
+            written = changelog[:cut]
         self.changelogs[partition].extend(written)  # 4. changelog
         if crash is not None and crash.point == "changelog":
             return self._restart(partition, crash.fresh_store)
