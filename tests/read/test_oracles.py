@@ -236,7 +236,8 @@ def latest_balance(streams: Streams, account: str) -> dict:
 
 
 def result_of(streams: Streams, command_id: str, client: str = "t") -> dict:
-    (value,) = [r.value for r in streams.results if (r.value["client_id"], r.value["command_id"]) == (client, command_id)
+    (value,) = [r.value for r in streams.results
+                if (r.value["client_id"], r.value["command_id"]) == (client, command_id)
                 and not r.value["duplicate"] and r.value["reason"] != "id_conflict"]
     return value
 
@@ -282,7 +283,8 @@ def forge_posting(streams: Streams, command_id: str, legs: list[tuple[str, int]]
 
 def shard(system_account: str) -> str:
     """The first shard of a system account in the clean run's history."""
-    return next(r.value["account_id"] for r in CLEAN.history if routing.unsharded(r.value["account_id"]) == system_account)
+    return next(r.value["account_id"] for r in CLEAN.history
+                if routing.unsharded(r.value["account_id"]) == system_account)
 
 
 # The clean run ------------------------------------------------------------------------------------------------
@@ -356,7 +358,8 @@ def test_p8_new_junk_on_the_commands_topic_without_a_dead_letter():
 def test_p4_a_second_decision_with_another_outcome():
     original = next(r for r in CLEAN.results if r.value["command_id"] == "far" and not r.value["duplicate"])
     other = encoded("results", original, {**original.value, "outcome": "rejected", "reason": "insufficient_funds",
-                                          "transaction_id": None, "detail": "not enough"}, offset=original.offset + 1000)
+                                          "transaction_id": None, "detail": "not enough"},
+                    offset=original.offset + 1000)
     report = check(dataclasses.replace(CLEAN, results=[*CLEAN.results, other]))
     assert oracles(report) == {"P4"}, report.violations
     (message,) = reported(report, "P4")
@@ -392,7 +395,8 @@ def test_p4_an_accepted_transaction_missing_from_the_books():
 def test_p4_an_accepted_multi_partition_trade_counted_under_its_own_id():
     """Its debits posted in their partitions under engine ids; under its own id: four credits (the seller's
     through clearing) and one clearing leg per currency. One of them attributed to another command is missing."""
-    broken = edit(CLEAN, "history", lambda v: v["command_id"] == "trade" and v["account_id"].startswith("sys:fees:BTC@"),
+    broken = edit(CLEAN, "history",
+                  lambda v: v["command_id"] == "trade" and v["account_id"].startswith("sys:fees:BTC@"),
                   lambda v: {**v, "command_id": "someone-else"})
     report = check(broken)
     assert oracles(report) == {"P4"}, report.violations
@@ -403,7 +407,8 @@ def test_p4_an_accepted_multi_partition_trade_counted_under_its_own_id():
 
 def test_p3_a_seq_skipped():
     last = journal(CLEAN, CC)[-1]["seq"]
-    broken = edit(CLEAN, "history", lambda v: v["account_id"] == CC and v["seq"] == last, lambda v: {**v, "seq": last + 1})
+    broken = edit(CLEAN, "history", lambda v: v["account_id"] == CC and v["seq"] == last,
+                  lambda v: {**v, "seq": last + 1})
     broken = edit(broken, "balances", lambda v: v["account_id"] == CC and v["seq"] == last,
                   lambda v: {**v, "seq": last + 1})
     report = check(broken)
@@ -521,7 +526,8 @@ def test_p1_an_unbalanced_transaction_coherent_everywhere_else():
     broken = shift_posted(CLEAN, A, entry["seq"], 1)
     report = check(broken)
     assert oracles(report) == {"P1"}, report.violations
-    assert reported(report, "P1") == ["P1: transaction dep of t sums to 1 in USD", "P1: USD sums to 1 over all accounts"]
+    assert reported(report, "P1") == ["P1: transaction dep of t sums to 1 in USD",
+                                      "P1: USD sums to 1 over all accounts"]
     assert report.sums["USD"] == 1
 
 
