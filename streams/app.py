@@ -87,7 +87,7 @@ async def ledger_worker(stream):
     async for events in stream.take_events(config.BATCH_MAX, within=config.BATCH_WINDOW_S):
         records = [
             CommandRecord(e.message.partition, e.message.offset, round(e.message.timestamp * 1000),
-                          e.message.key, e.message.value)
+                          e.message.key, e.message.value, e.message.headers)
             for e in events
         ]
         try:

@@ -39,6 +39,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -48,6 +49,7 @@ from streams.crashpoints import reach as crash_point
 from streams.config import Settings
 from streams.partition import Output, PartitionProcessor
 from streams.producing import produce
+from streams.seal import Seal
 from streams.store import RocksStore
 
 log = logging.getLogger("ledger.engine")
@@ -66,6 +68,7 @@ class CommandRecord:
     timestamp_ms: int
     key: bytes | None
     value: bytes | None
+    headers: Any = None  # the record's Kafka headers: the engine's seal on records a worker wrote
 
 
 class DeliveryFailed(RuntimeError):
@@ -126,6 +129,7 @@ class Engine:
         self.data_dir = data_dir
         self.currencies = currencies
         self._codec = codec()
+        self.seal = Seal.from_env()  # seals the follow-up commands this worker writes (streams/seal.py)
         # Outputs need only their failures reported: librdkafka then calls back into Python for failures
         # alone, not once per message (several per command). The changelog needs each record's offset.
         self._output_failures: list[str] = []
@@ -148,7 +152,8 @@ class Engine:
         proc = self.processors.get(partition)
         if proc is None:
             store = RocksStore(self.data_dir / f"p{partition}")
-            proc = PartitionProcessor(partition, self.settings.partitions, store, self.currencies)
+            proc = PartitionProcessor(partition, self.settings.partitions, store, self.currencies, self.seal,
+                                      self._topics["commands"])
             self.processors[partition] = proc
         return proc
 
@@ -221,7 +226,7 @@ class Engine:
                                     f"middle of a batch; exiting so the batch is redone")
             proc = self.processor(r.partition)
             before = len(proc.outputs)
-            proc.handle(r.offset, r.timestamp_ms, r.key, r.value)
+            proc.handle(r.offset, r.timestamp_ms, r.key, r.value, r.headers)
             pending += len(proc.outputs) - before
             if pending >= OUTPUTS_PER_COMMIT:  # records that are command batches can hold thousands
                 commit_s += await self._commit_timed(owned, generation)
@@ -307,6 +312,7 @@ class Engine:
         value = first.value if len(run) == 1 else \
             self._codec.encode("command_batch", {"commands": [o.value for o in run]})
         produce(self.outputs_producer, self._topics["commands"], value, first.key, partition=first.partition,
+                headers=self.seal.headers(self._topics["commands"], first.partition, value),
                 timestamp=first.timestamp_ms)
 
     def _send_changelog(self, changelogs: dict[int, list[bytes]]) -> dict[int, list[int]]:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
 from schemas.codec import DecodeError, codec
-from streams import core, routing
+from streams import core, limits, routing
 from streams.routing import ENGINE_CLIENT
 from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rejection, Result
+from streams.seal import DEVELOPMENT, Headers, Seal
 from streams.spanning import SPANNING_KINDS, Spanning
 from streams.store import KeyValueStore
 from streams.wire import (
@@ -39,6 +41,12 @@ from streams.wire import (
 RETURN_TO = "ledger.return_to"
 RETURN_PARTITION = "ledger.return_partition"
 CHANGELOG_OFFSET_KEY = b"m/changelog"
+log = logging.getLogger("ledger.partition")
+
+
+class OutputTooLarge(RuntimeError):
+    """A decision would write a record larger than the topics accept (limits.OUTPUT_RECORD_BYTES). The
+    limits make this unreachable; if it happens anyway, the command is rolled back and rejected."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +78,14 @@ def _dumps(record: dict[str, Any]) -> bytes:
     return json.dumps(record, separators=(",", ":")).encode()
 
 
+class StoreFailure(RuntimeError):
+    """The partition's store failed to read (an I/O error): infrastructure, never the command's fault. It
+    ends the worker (streams/app.py), unlike any other exception while deciding a command."""
+
+
+_MISSING = object()
+
+
 class PartitionState:
     """StateReader over one partition's store, with the writes of the current batch staged on top."""
 
@@ -87,10 +103,17 @@ class PartitionState:
         self._load_expiries()
         # The last inbox key found absent; any staged inbox entry clears it (a one-entry negative cache).
         self._not_in_inbox: tuple[str, str] | None = None
+        # Undo log of the command being decided: (key, staged value before or _MISSING, was a staged delete).
+        # A command that fails part way is rolled back to its start (rollback), so it leaves nothing staged.
+        self._journal: list[tuple[bytes, Any, bool]] = []
 
     def _load_expiries(self) -> None:
         self.expiries = []
-        for key, _ in self.store.scan(b"x/"):
+        try:
+            keys = [key for key, _ in self.store.scan(b"x/")]
+        except Exception as exc:  # noqa: BLE001 - whatever the store raises is an I/O failure
+            raise StoreFailure(f"scanning the expiry index: {exc}") from exc
+        for key in keys:
             _, at, hold_id = key.decode().split("/", 2)
             self.expiries.append((int(at), hold_id))
         heapq.heapify(self.expiries)
@@ -101,7 +124,46 @@ class PartitionState:
             return _dumps(value) if value.__class__ is dict else value
         if key in self._deletes:
             return None
-        return self.store.get(key)
+        try:
+            return self.store.get(key)
+        except Exception as exc:  # noqa: BLE001 - whatever the store raises is an I/O failure
+            raise StoreFailure(f"reading {key[:80]!r}: {exc}") from exc
+
+    # Undo of one command -----------------------------------------------------------------------------------
+    def begin_command(self) -> None:
+        """Start the undo log of one command (the previous one's is dropped: it stays staged)."""
+        self._journal = []
+
+    def _touch(self, key: bytes) -> None:
+        self._journal.append((key, self._puts.get(key, _MISSING), key in self._deletes))
+
+    def rollback(self) -> None:
+        """Undo every write staged since begin_command(): the command had no effect at all."""
+        for key, value, deleted in reversed(self._journal):
+            if value is _MISSING:
+                self._puts.pop(key, None)
+            else:
+                self._puts[key] = value
+            if deleted:
+                self._deletes.add(key)
+            else:
+                self._deletes.discard(key)
+        self._journal = []
+        self._accounts.clear()  # caches: reloaded from the staged writes and the store
+        self._holds.clear()
+        self._not_in_inbox = None
+        # The expiry index as committed and staged now (entries the command popped or pushed are restored).
+        self._load_expiries()
+        staged = [(key, value) for key, value in self._puts.items() if key.startswith(b"x/")]
+        for key, _ in staged:
+            _, at, hold_id = key.decode().split("/", 2)
+            heapq.heappush(self.expiries, (int(at), hold_id))
+        if self._deletes:
+            dropped = {key for key in self._deletes if key.startswith(b"x/")}
+            if dropped:
+                self.expiries = [(at, h) for at, h in self.expiries
+                                 if f"x/{at:020d}/".encode() + h.encode() not in dropped]
+                heapq.heapify(self.expiries)
 
     # StateReader -------------------------------------------------------------------------------------------
     def account(self, account_id: str) -> Account | None:
@@ -146,17 +208,22 @@ class PartitionState:
               holds: list[Hold] | None = None) -> None:
         """Stage every write of one StateChange record (restore passes only the record; the live path also
         passes the decoded accounts and holds it already has, in the record's order)."""
-        puts = self._puts
+        puts, touch = self._puts, self._touch
         for i, record in enumerate(change["accounts"]):
             account = accounts[i] if accounts is not None else account_from_record(record)
             self._accounts[account.id] = account
-            puts[b"a/" + account.id.encode()] = record
+            key = b"a/" + account.id.encode()
+            touch(key)
+            puts[key] = record
         for i, record in enumerate(change["holds"]):
             hold = holds[i] if holds is not None else hold_from_record(record)
             self._holds[hold.id] = hold
-            puts[b"h/" + hold.id.encode()] = record
+            key = b"h/" + hold.id.encode()
+            touch(key)
+            puts[key] = record
             if hold.expires_at_ms is not None:
                 key = _expiry_key(hold)
+                touch(key)
                 if hold.status is HoldStatus.OPEN:
                     puts[key] = b""
                     self._deletes.discard(key)
@@ -166,6 +233,7 @@ class PartitionState:
                     self._deletes.add(key)
         for record in change.get("records", ()):
             key = b"e/" + record["key"].encode()
+            touch(key)
             if record["value"] is None:
                 puts.pop(key, None)
                 self._deletes.add(key)
@@ -173,6 +241,7 @@ class PartitionState:
                 puts[key] = record["value"]
                 self._deletes.discard(key)
         key = _inbox_key(change["client_id"], change["command_id"])
+        touch(key)
         puts[key] = encoded
         self._not_in_inbox = None
 
@@ -192,11 +261,13 @@ class PartitionState:
         self.store.write(puts, self._deletes)
         self._puts = {}
         self._deletes = set()
+        self._journal = []
 
     def discard(self) -> None:
         """Forget everything staged (the batch will be redone after a restore)."""
         self._puts = {}
         self._deletes = set()
+        self._journal = []
         self._accounts.clear()
         self._holds.clear()
         self._not_in_inbox = None
@@ -211,10 +282,16 @@ class PartitionProcessor:
     """Applies commands of one partition in order; collects outputs and changelog records."""
 
     def __init__(self, partition: int, partitions: int, store: KeyValueStore,
-                 currencies: core.CurrencyRegistry = core.DEFAULT_CURRENCIES):
+                 currencies: core.CurrencyRegistry = core.DEFAULT_CURRENCIES, seal: Seal = DEVELOPMENT,
+                 commands_topic: str = "commands"):
         self.partition = partition
         self.partitions = partitions
         self.currencies = currencies
+        # Engine steps are taken only from records sealed by a worker for this topic and partition (seal.py).
+        self.seal = seal
+        self.commands_topic = commands_topic
+        self._raw: tuple[bytes | None, Headers] = (None, None)
+        self._sealed: bool | None = None  # whether the record being decided is sealed; computed when asked
         self.state = PartitionState(store)
         self.outputs: list[Output] = []
         self.changelog: list[bytes] = []  # encoded StateChange records of the batch, in order
@@ -232,9 +309,22 @@ class PartitionProcessor:
         self.clearing: dict[str, int] = {}
 
     # One record ------------------------------------------------------------------------------------------
-    def handle(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None) -> None:
+    def sealed_headers(self, partition: int, value: bytes) -> list[tuple[str, bytes]]:
+        """The headers a worker puts on a commands record it produces for `partition` (the engine's seal)."""
+        return self.seal.headers(self.commands_topic, partition, value)
+
+    def _is_sealed(self) -> bool:
+        if self._sealed is None:
+            value, headers = self._raw
+            self._sealed = self.seal.verify(self.commands_topic, self.partition, value, headers)
+        return self._sealed
+
+    def handle(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
+               headers: Headers = None) -> None:
         """One record of the commands topic: a command, or a CommandBatch whose commands are decided in order
-        exactly as if each had been a record of its own (with this record's time)."""
+        exactly as if each had been a record of its own (with this record's time). headers: the record's
+        Kafka headers (the engine's seal, if a worker wrote it)."""
+        self._raw, self._sealed = (value, headers), None
         if value is not None and value[:10] == self._batch_header:
             try:
                 items = self._codec.decode("command_batch", value)["commands"]
@@ -261,6 +351,37 @@ class PartitionProcessor:
             return
         client_id, command_id = record["client_id"], record["command_id"]
         kind = self._kind = record["body"][0].rsplit(".", 1)[-1]
+        # Nothing a producer writes may stop the worker: a command that fails part way is undone and rejected
+        # alone. Only the store's I/O failures (and running out of memory) end the process.
+        outputs, changelog, tally = len(self.outputs), len(self.changelog), self.tally.copy()
+        self.state.begin_command()
+        try:
+            self._decide_record(record, kind, len(value), offset, timestamp_ms)
+        except (StoreFailure, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.exception("command %r of %r at %d/%s failed part way; undone and rejected",
+                          command_id[:200], client_id[:200], self.partition, self.position)
+            self.state.rollback()
+            del self.outputs[outputs:]
+            del self.changelog[changelog:]
+            self.tally = tally
+            self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
+                         f"unprocessable: {type(exc).__name__}: {exc}")
+
+    def _decide_record(self, record: dict[str, Any], kind: str, size: int, offset: int, timestamp_ms: int) -> None:
+        client_id, command_id = record["client_id"], record["command_id"]
+        if (client_id == ENGINE_CLIENT or kind in SPANNING_KINDS) and not self._is_sealed():
+            self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
+                         f"engine_step_unsealed: a {kind} as client {client_id!r} is taken only from a record "
+                         f"a ledger worker sealed (streams/seal.py); this record has no valid seal")
+            return
+        if client_id != ENGINE_CLIENT:  # the engine's own commands derive from commands checked here
+            try:
+                limits.check_command(record, size)
+            except limits.LimitExceeded as exc:
+                self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, exc.detail)
+                return
         if kind in SPANNING_KINDS:
             if client_id != ENGINE_CLIENT:
                 self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
@@ -442,7 +563,13 @@ class PartitionProcessor:
 
     def send_wire(self, record: dict[str, Any], key: str, partition: int, at_ms: int) -> None:
         """A command to a partition, stamped with the log time of the command that caused it (P7)."""
-        self.outputs.append(Output("commands", key.encode(), self._codec.encode("command", record), partition, at_ms))
+        self._output(Output("commands", key.encode(), self._codec.encode("command", record), partition, at_ms))
+
+    def _output(self, output: Output) -> None:
+        if len(output.key) + len(output.value) > limits.OUTPUT_RECORD_BYTES:
+            raise OutputTooLarge(f"a {output.topic} record of {len(output.key) + len(output.value)} bytes, "
+                                 f"the limit is {limits.OUTPUT_RECORD_BYTES}")
+        self.outputs.append(output)
 
     # Execution and outputs ---------------------------------------------------------------------------------
     def _execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None) -> Result:
@@ -488,19 +615,22 @@ class PartitionProcessor:
             "records": [{"key": k, "value": None if v is None else _dumps(v)} for k, v in records],
         }
         encoded_change = self._codec.encode("state", change)
+        if len(encoded_change) > limits.OUTPUT_RECORD_BYTES:
+            raise OutputTooLarge(f"a changelog record of {len(encoded_change)} bytes, "
+                                 f"the limit is {limits.OUTPUT_RECORD_BYTES}")
         self.state.stage(change, encoded_change, accounts, holds)
         self.changelog.append(encoded_change)
         at = wire_result["at_ms"]
-        self.outputs.append(Output("results", result_key(client_id, command_id, wire_result["reason"]),
-                                   encoded_result, self.partition, at))
+        self._output(Output("results", result_key(client_id, command_id, wire_result["reason"]),
+                            encoded_result, self.partition, at))
         currency = {a.id: a.currency for a in accounts}
         for entry in history:
             value = self._codec.encode("history", history_to_wire(entry, currency[entry.account_id], command_id,
                                                                   client_id))
-            self.outputs.append(Output("history", entry.account_id.encode(), value, self.partition, at))
+            self._output(Output("history", entry.account_id.encode(), value, self.partition, at))
         for account in accounts:
-            self.outputs.append(Output("balances", account.id.encode(),
-                                       self._codec.encode("balance", balance_to_wire(account)), self.partition, at))
+            self._output(Output("balances", account.id.encode(),
+                                self._codec.encode("balance", balance_to_wire(account)), self.partition, at))
 
     def answer_again(self, stored: dict[str, Any]) -> None:
         """A command already in the inbox (its StateChange): its original result, flagged as a duplicate."""
@@ -509,12 +639,15 @@ class PartitionProcessor:
     def _emit_result(self, wire_result: dict[str, Any]) -> None:
         self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
         key = result_key(wire_result["client_id"], wire_result["command_id"], wire_result["reason"])
-        self.outputs.append(Output("results", key, self._codec.encode("result", wire_result), self.partition,
-                                   wire_result["at_ms"]))
+        self._output(Output("results", key, self._codec.encode("result", wire_result), self.partition,
+                            wire_result["at_ms"]))
 
     def _reject(self, command_id: str, client_id: str, at_ms: int, reason: Rejection, detail: str) -> None:
-        """A rejection decided before the core (unreadable fields, routing): answered, not remembered."""
-        self._emit_result(rejection_to_wire(command_id, client_id, at_ms, reason, detail))
+        """A rejection decided before the core (unreadable fields, routing): answered, not remembered. It
+        stays small whatever the command: ids too long to echo whole are shortened (limits.echo_ids) and
+        the detail clipped."""
+        client_id, command_id = limits.echo_ids(client_id, command_id)
+        self._emit_result(rejection_to_wire(command_id, client_id, at_ms, reason, limits.clip(detail)))
 
     def _reject_command(self, command: core.Command, reason: Rejection, detail: str) -> None:
         self._reject(command.command_id, command.client_id, command.at_ms, reason, detail)
@@ -523,11 +656,21 @@ class PartitionProcessor:
                      reason: str, detail: str, index: int | None = None) -> None:
         """value: the bytes that could not be decoded (a batch item's own bytes); the key says which."""
         self.tally[("dead_letter", "dead_letter", reason)] += 1
+        detail = limits.clip(detail, limits.DEAD_LETTER_DETAIL_CHARS)
+        # Kept whole when it fits a record (always, for what a producer with default settings can write);
+        # else its beginning, and the detail says where the whole record is.
+        if value is not None and len(value) > limits.DEAD_LETTER_VALUE_BYTES:
+            detail += (f" [value truncated to its first {limits.DEAD_LETTER_VALUE_BYTES} of {len(value)} bytes; "
+                       f"the whole record is commands {self.partition}/{offset}]")
+            value = value[:limits.DEAD_LETTER_VALUE_BYTES]
+        if key is not None and len(key) > limits.DEAD_LETTER_KEY_BYTES:
+            detail += f" [key truncated to {limits.DEAD_LETTER_KEY_BYTES} of {len(key)} bytes]"
+            key = key[:limits.DEAD_LETTER_KEY_BYTES]
         record = {"reason": reason, "detail": detail, "topic": "commands", "partition": self.partition,
                   "offset": offset, "timestamp_ms": timestamp_ms, "key": key, "value": value}
         where = f"{self.partition}/{offset}" if index is None else f"{self.partition}/{offset}/{index}"
-        self.outputs.append(Output("dlq", where.encode(),
-                                   self._codec.encode("dead_letter", record), self.partition, timestamp_ms))
+        self._output(Output("dlq", where.encode(),
+                            self._codec.encode("dead_letter", record), self.partition, timestamp_ms))
 
     # Batch boundaries --------------------------------------------------------------------------------------
     def take(self) -> tuple[list[Output], list[bytes]]:
@@ -543,6 +686,7 @@ class PartitionProcessor:
             change = self._codec.decode("state", encoded)
             if self.state.change_record(change["client_id"], change["command_id"]) is not None:
                 continue  # a record written twice (e.g. by a paused worker after the partition moved)
+            self.state.begin_command()  # nothing to undo here: keep the undo log from growing
             self.state.stage(change, encoded)
             applied += 1
         self.state.commit(next_offset)

@@ -32,7 +32,9 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from streams import core, routing
+import json
+
+from streams import core, limits, routing
 from streams.core import HoldStatus, Leg, Rejection
 from streams.routing import ENGINE_CLIENT
 from streams.wire import command_from_wire, command_to_wire, rejection_to_wire
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
 
 SPANNING_KINDS = frozenset({"Reserve", "Vote", "Decide"})
 INTERNAL_HOLD_MARK = "~"
+CLEARING_PREFIX = "sys:clearing:"
+VOTE_DETAIL_CHARS = 256  # a vote's detail is kept in the coordinator's record, one per participant
 
 
 def _accepted(command_id: str, at_ms: int, detail: str = "") -> dict[str, Any]:
@@ -69,6 +73,15 @@ class Spanning:
         """Why a client's command may not run while transactions are in flight (None: it may)."""
         if command.client_id == ENGINE_CLIENT:
             return None
+        # Clearing is the ledger's own money in flight between partitions: a client that could post to it,
+        # freeze or close it would move money that is not its own or stop cross-partition transfers.
+        named = [leg.account_id for leg in command.legs] if isinstance(command, core.PostTransaction) else \
+            [getattr(command, "account_id", None) or ""]
+        for account_id in named:
+            if account_id.startswith(CLEARING_PREFIX):
+                return Rejection.INVALID_COMMAND, f"{account_id[:300]} is internal to the ledger"
+        if isinstance(command, core.PlaceHold) and command.hold_id.startswith(INTERNAL_HOLD_MARK):
+            return Rejection.INVALID_COMMAND, f"hold ids starting with {INTERNAL_HOLD_MARK} are internal to the ledger"
         if isinstance(command, core.PostTransaction):
             drawn: dict[str, int] = defaultdict(int)
             for leg in command.legs:
@@ -172,6 +185,8 @@ class Spanning:
                 break
         placed: list[list] = []  # [internal hold id, account, amount]
         if failure is None:
+            failure = self._over_budget(key, list(plain) + [a for a, _ in locks.values()], locks)
+        if failure is None:
             for account_id, amount in plain.items():
                 hold_id = f"{INTERNAL_HOLD_MARK}{key}~{account_id}"
                 result = proc._execute(core.PlaceHold(command_id=f"{key}~hold~{account_id}", client_id=ENGINE_CLIENT,
@@ -194,7 +209,7 @@ class Spanning:
                 records.append((f"k/{account_id}", [*current, key]))
             records.append((f"r/{key}", {"holds": placed, "locks": [[h, a, n] for h, (a, n) in locks.items()],
                                          "at_ms": at_ms, "tx": body["transaction"]}))
-        reason, detail = (None, "") if failure is None else (failure[0].code, failure[1])
+        reason, detail = (None, "") if failure is None else (failure[0].code, limits.clip(failure[1], VOTE_DETAIL_CHARS))
         wire = _accepted(command_id, at_ms) if failure is None else \
             rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, failure[0], failure[1])
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records)
@@ -203,6 +218,20 @@ class Spanning:
             "transaction_client_id": body["transaction_client_id"],
             "transaction_command_id": body["transaction_command_id"],
             "participant": proc.partition, "reason": reason, "detail": detail})
+
+    def _over_budget(self, key: str, accounts: list[str], locks: dict[str, list]) -> tuple[Rejection, str] | None:
+        """The in-flight records a reservation rewrites (one list per account, one map per locked hold) grow
+        with the transactions in flight on them; past limits.IN_FLIGHT_RECORD_BYTES in total the reservation
+        fails `in_flight` (retry once some are decided), so no redo record outgrows what Kafka accepts."""
+        state, total = self.state, 0
+        for account_id in dict.fromkeys(accounts):
+            total += len(json.dumps([*(state.record(f"k/{account_id}") or []), key]))
+        for hold_id, (_, amount) in locks.items():
+            total += len(json.dumps({**(state.record(f"l/{hold_id}") or {}), key: amount}))
+        if total > limits.IN_FLIGHT_RECORD_BYTES:
+            return (Rejection.IN_FLIGHT, f"too many transactions in flight on these accounts ({total} bytes of "
+                                         f"in-flight records, the limit is {limits.IN_FLIGHT_RECORD_BYTES})")
+        return None
 
     def _lockable(self, leg: Leg, locks: dict[str, list], at_ms: int) -> tuple[Rejection, str] | None:
         hold = self.state.hold(leg.hold_id)

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from streams import core
+from streams.limits import MAX_AMOUNT_CHARS
 from streams.core import (
     Account,
     AccountPolicy,
@@ -35,6 +36,9 @@ class WireError(ValueError):
 
 def parse_minor(text: str, field: str) -> int:
     """A wire amount (decimal integer of minor units) -> int; WireError when it is not one."""
+    if len(text) > MAX_AMOUNT_CHARS:  # never an amount in range; and int() of a huge string is slow or refused
+        reason = Rejection.AMOUNT_OUT_OF_RANGE if _INTEGER.match(text) else Rejection.INVALID_AMOUNT
+        raise WireError(reason, f"{field} has {len(text)} characters, the limit is {MAX_AMOUNT_CHARS}")
     if not _INTEGER.match(text):
         raise WireError(Rejection.INVALID_AMOUNT, f"{field} must be an integer of minor units, got {text[:40]!r}")
     value = int(text)

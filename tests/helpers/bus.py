@@ -46,6 +46,7 @@ class Record:
     timestamp_ms: int
     key: bytes
     value: bytes
+    headers: tuple = ()  # a worker's follow-ups carry the engine's seal (streams/seal.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,7 @@ class Bus:
         self.trace.append(f"p{partition}@{start}+{len(batch)}" + (f" crash:{crash.point}/{crash.count}" if crash else ""))
         boundaries = [0]  # changelog records staged after each record of the batch
         for i, record in enumerate(batch):  # 2. decide; writes are staged
-            proc.handle(start + i, record.timestamp_ms, record.key, record.value)
+            proc.handle(start + i, record.timestamp_ms, record.key, record.value, record.headers)
             boundaries.append(len(proc.changelog))
         outputs, changelog = proc.take()
         if crash is not None and crash.point == "decided":
@@ -187,7 +188,8 @@ class Bus:
                     if self.batch_follow_ups:
                         self._follow_up(follow_ups, o)
                     else:
-                        self.logs[o.partition].append(Record(o.timestamp_ms, o.key, o.value))
+                        self.logs[o.partition].append(Record(o.timestamp_ms, o.key, o.value,
+                                                             self._seal(o.partition, o.value)))
             elif o.topic == "results":
                 result = C.decode("result", o.value)
                 self.results.append(result)
@@ -215,7 +217,12 @@ class Bus:
             return
         first = run[0]
         value = first.value if len(run) == 1 else C.encode("command_batch", {"commands": [o.value for o in run]})
-        self.logs[first.partition].append(Record(first.timestamp_ms, first.key, value))
+        self.logs[first.partition].append(Record(first.timestamp_ms, first.key, value,
+                                                 self._seal(first.partition, value)))
+
+    def _seal(self, partition: int, value: bytes) -> tuple:
+        """The headers the engine puts on a follow-up record it produces (engine._send_commands)."""
+        return tuple(self.procs[partition].sealed_headers(partition, value))
 
     # --- schedules ------------------------------------------------------------------------------------------
     def run(self) -> None:

@@ -1,0 +1,79 @@
+"""The engine's seal: how a worker tells its own follow-up commands from anything a client wrote.
+
+Every record a worker produces to the commands topic (cross-partition credits and returns, the steps of a
+multi-partition transaction, forwarded commands) carries a Kafka record header ``ledger-seal``: an
+HMAC-SHA256, under a key only workers hold, of the topic, the partition and the record value. A command
+issued as the engine (client id ``ledger``) or a step of the two-phase protocol (Reserve, Vote, Decide) is
+taken only from a record whose seal verifies; any other is rejected (``invalid_command``, detail
+``engine_step_unsealed: ...``) and never executed. docs/engine.md ("Trust boundary") has the argument.
+
+Why the partition and topic are sealed too: a genuine record copied into another partition (or another
+ledger's topic on the same cluster) would otherwise be decided again there under a fresh inbox, e.g. a
+credit paid twice from two clearing shards. Copied into the same partition it comes after the original,
+and the inbox answers it as a duplicate.
+
+The key: LEDGER_ENGINE_KEY (any string; at least 32 random bytes, e.g. `openssl rand -hex 32`), given to
+worker processes only. LEDGER_ENGINE_KEYS_OLD (comma separated) are still accepted, never used to seal:
+rotate by moving the current key there, setting a new one, and removing the old one once no record
+sealed with it is left undecided. Unset, the development key below is used and the worker warns loudly:
+anyone who reads this file could then forge engine steps.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+from collections.abc import Iterable, Mapping
+
+log = logging.getLogger("ledger.seal")
+
+HEADER = "ledger-seal"
+ENV_KEY = "LEDGER_ENGINE_KEY"
+ENV_OLD_KEYS = "LEDGER_ENGINE_KEYS_OLD"
+# Public, for development and tests only: a ledger running with it trusts anyone who can write its topic.
+DEVELOPMENT_KEY = b"kafka-ledger development engine key: not a secret"
+_DOMAIN = b"ledger-seal/v1\x00"
+
+Headers = Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None
+
+
+class Seal:
+    def __init__(self, key: bytes, old_keys: Iterable[bytes] = ()):
+        assert key, "an empty engine key"
+        self._keys = [key, *[k for k in old_keys if k]]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Seal":
+        env = os.environ if env is None else env
+        key = env.get(ENV_KEY, "")
+        old = [k.strip().encode() for k in env.get(ENV_OLD_KEYS, "").split(",") if k.strip()]
+        if not key:
+            log.warning("%s is not set: using the public development key. Anyone who can write the commands "
+                        "topic can forge the engine's own steps and move money. Set %s on every worker "
+                        "(and only on workers) in any deployment that holds real money.", ENV_KEY, ENV_KEY)
+            return cls(DEVELOPMENT_KEY, old)
+        return cls(key.encode(), old)
+
+    @staticmethod
+    def _mac(key: bytes, topic: str, partition: int, value: bytes) -> bytes:
+        message = b"".join((_DOMAIN, topic.encode(), b"\x00", str(partition).encode(), b"\x00", value))
+        return hmac.new(key, message, hashlib.sha256).digest()
+
+    def headers(self, topic: str, partition: int, value: bytes) -> list[tuple[str, bytes]]:
+        """The headers a worker puts on a commands record it produces."""
+        return [(HEADER, self._mac(self._keys[0], topic, partition, value))]
+
+    def verify(self, topic: str, partition: int, value: bytes | None, headers: Headers) -> bool:
+        """True when the record carries a seal made by a worker for this very topic, partition and value."""
+        if value is None or not headers:
+            return False
+        items = headers.items() if isinstance(headers, Mapping) else headers
+        tags = [v for k, v in items if k == HEADER and isinstance(v, (bytes, bytearray))]
+        if len(tags) != 1:  # none, or several (which one would count?): not sealed
+            return False
+        tag = bytes(tags[0])
+        return any(hmac.compare_digest(tag, self._mac(k, topic, partition, value)) for k in self._keys)
+
+
+DEVELOPMENT = Seal(DEVELOPMENT_KEY)
