@@ -130,7 +130,6 @@ class Context:
 
 
 DEFAULT_CONTEXT = Context()
-BOT = None  # a Party whose user is None is the exchange's own market-making bot
 
 
 # --- events -----------------------------------------------------------------------------------------------
@@ -209,6 +208,9 @@ class Party:
 
     user: str | None
     order_id: str | None = None
+
+
+BOT = Party(None)  # the exchange's own market-making bot, as a trade side: TradeExecuted(..., seller=BOT)
 
 
 @dataclass(frozen=True, slots=True)

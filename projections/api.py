@@ -7,13 +7,15 @@ minor units plus the formatted decimal of the currency's scale. Errors are JSON 
 
   404 unknown_account, unknown_transaction, unknown_command, unknown_seq, not_found (no such route)
   400 sharded_account (a per-account sequence asked of a summed system account: ask a shard)
-  422 invalid_parameter (malformed or contradictory query parameters)
+  422 invalid_parameter (malformed, out of range (integers are signed 64-bit) or contradictory parameters)
+  500 internal_error (a bug: the server log has the traceback)
   504 not_caught_up (read-your-writes: the projection did not reach min_seq in time)
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -24,6 +26,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,12 +36,33 @@ from projections.store import Store
 from streams import routing
 from streams.config import Settings
 
+# Query integers are compared with SQL integers (SQLite INTEGER, PostgreSQL BIGINT): anything beyond a signed
+# 64-bit value is refused as invalid_parameter instead of overflowing in the database driver.
+SQL_MAX = 2**63 - 1
+SEQ = {"ge": 0, "le": SQL_MAX}
 MAX_PAGE = 1000  # larger page sizes are capped, not refused (the response says which limit applied)
 # An event stream ends after this long and the browser reconnects (resuming by Last-Event-ID): proxies and
 # idle-connection reapers never see an endless response, and a headless browser's virtual clock (which
 # stands still while a request is pending) moves on.
 SSE_STREAM_S = 30.0
 DASHBOARD = Path(__file__).resolve().parent / "dashboard"
+log = logging.getLogger("ledger.api")
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. unknown_account")
+    message: str = Field(description="What went wrong, for a person")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error answers a route really gives (all with the ErrorBody shape)."""
+    text = {400: "sharded_account", 404: "unknown_account, unknown_transaction, unknown_command or unknown_seq",
+            422: "invalid_parameter", 504: "not_caught_up"}
+    return {status: {"model": ErrorBody, "description": text[status]} for status in statuses}
 
 
 class ApiError(Exception):
@@ -116,6 +140,11 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
         text = "; ".join(f"{p['parameter']}: {p['problem']}" for p in problems)
         return _error(422, "invalid_parameter", text, details=problems)
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        log.exception("%s %s failed", request.method, request.url.path)
+        return _error(500, "internal_error", f"{type(exc).__name__} while answering; the server log has details")
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else "http_error"
@@ -150,17 +179,19 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
                                                    f"seqs; ask one of {shards}")
 
     # --- accounts --------------------------------------------------------------------------------------------
-    @app.get("/accounts/{account_id}", summary="Balance view (system accounts summed over their shards)")
-    async def get_account(account_id: str, min_seq: int | None = Query(None, ge=0)):
+    @app.get("/accounts/{account_id}", summary="Balance view (system accounts summed over their shards)",
+             responses=_errors(404, 422, 504))
+    async def get_account(account_id: str, min_seq: int | None = Query(None, **SEQ)):
         row = await caught_up(account_id, min_seq)
         view = _view(row)
         if "shards" in view:
             view["shard_views"] = [_view({**dict(s), "shards": 1}) for s in store.shards(account_id)]
         return view
 
-    @app.get("/accounts/{account_id}/history", summary="Account journal, oldest first, cursor = last seq seen")
-    async def get_history(account_id: str, cursor: int | None = Query(None, ge=0),
-                          limit: int = Query(100, ge=1), min_seq: int | None = Query(None, ge=0)):
+    @app.get("/accounts/{account_id}/history", summary="Account journal, oldest first, cursor = last seq seen",
+             responses=_errors(400, 404, 422, 504))
+    async def get_history(account_id: str, cursor: int | None = Query(None, **SEQ),
+                          limit: int = Query(100, ge=1, le=SQL_MAX), min_seq: int | None = Query(None, **SEQ)):
         row = await caught_up(account_id, min_seq)
         single_sequence(row)
         limit = min(limit, MAX_PAGE)
@@ -171,9 +202,10 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
         return {"account_id": account_id, "limit": limit, "entries": [_entry(r) for r in rows],
                 "next_cursor": str(rows[-1]["seq"]) if more else None}
 
-    @app.get("/accounts/{account_id}/balance", summary="Balance as of a business time or as of a seq")
-    async def get_balance_as_of(account_id: str, as_of_ms: int | None = Query(None),
-                                as_of_seq: int | None = Query(None, ge=0), min_seq: int | None = Query(None, ge=0)):
+    @app.get("/accounts/{account_id}/balance", summary="Balance as of a business time or as of a seq",
+             responses=_errors(400, 404, 422, 504))
+    async def get_balance_as_of(account_id: str, as_of_ms: int | None = Query(None, ge=-SQL_MAX, le=SQL_MAX),
+                                as_of_seq: int | None = Query(None, **SEQ), min_seq: int | None = Query(None, **SEQ)):
         if (as_of_ms is None) == (as_of_seq is None):
             raise ApiError(422, "invalid_parameter", "give exactly one of as_of_ms and as_of_seq")
         row = await caught_up(account_id, min_seq)
@@ -201,9 +233,10 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
         return {"account_id": account_id, "currency": cur, "as_of_ms": as_of_ms, "posted": money(posted, cur),
                 "held": money(held, cur), "available": money(posted - held, cur)}
 
-    @app.get("/accounts/{account_id}/holds", summary="Holds on the account (open ones by default)")
+    @app.get("/accounts/{account_id}/holds", summary="Holds on the account (open ones by default)",
+             responses=_errors(404, 422, 504))
     async def get_holds(account_id: str, status: str = Query("open", pattern="^(open|all)$"),
-                        min_seq: int | None = Query(None, ge=0)):
+                        min_seq: int | None = Query(None, **SEQ)):
         row = await caught_up(account_id, min_seq)
         cur = row["currency"]
         sql = "SELECT * FROM holds WHERE account_id = ?" + (" AND status = 'open'" if status == "open" else "")
@@ -217,7 +250,7 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
         return {"account_id": account_id, "holds": holds}
 
     # --- transactions and commands ---------------------------------------------------------------------------
-    @app.get("/transactions/{transaction_id}", summary="A transaction's legs and status")
+    @app.get("/transactions/{transaction_id}", summary="A transaction's legs and status", responses=_errors(404, 422))
     async def get_transaction(transaction_id: str, client_id: str | None = None):
         where, args = "transaction_id = ?", [transaction_id]
         if client_id is not None:
@@ -248,7 +281,8 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
                 "in_clearing": [money(v, c) for c, v in sorted(in_clearing.items()) if v],
                 "results": [_result(r) for r in client_results]}
 
-    @app.get("/commands/{client_id}/{command_id:path}", summary="The decision for a command (not duplicates)")
+    @app.get("/commands/{client_id}/{command_id:path}", summary="The decision for a command (not duplicates)",
+             responses=_errors(404))
     async def get_command(client_id: str, command_id: str):
         row = store.conn.execute("SELECT * FROM results WHERE client_id = ? AND command_id = ?",
                                  (client_id, command_id)).fetchone()
@@ -258,7 +292,7 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
 
     # --- dashboard, live events, metrics ---------------------------------------------------------------------
     @app.get("/api/snapshot", include_in_schema=False)
-    async def snapshot(limit: int = Query(300, ge=1)):
+    async def snapshot(limit: int = Query(300, ge=1, le=SQL_MAX)):
         rows = store.conn.execute("SELECT * FROM account_views ORDER BY updated_at_ms DESC, account_id LIMIT ?",
                                   (min(limit, MAX_PAGE),)).fetchall()
         return {"prefix": settings.prefix if settings else None, "accounts": [_view(r) for r in rows],
@@ -268,8 +302,9 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
     async def get_stats():
         return stats.get()
 
-    @app.get("/events", summary="Server-sent events: `balances` (changed account views) and `stats` (1/s)")
-    async def events(request: Request, since: int | None = Query(None, ge=0),
+    @app.get("/events", summary="Server-sent events: `balances` (changed account views) and `stats` (1/s)",
+             responses=_errors(422))
+    async def events(request: Request, since: int | None = Query(None, **SEQ),
                      max_s: float = Query(SSE_STREAM_S, gt=0, le=3600)):
         # A reconnecting EventSource sends the id of the last event it got: resume there, nothing missed.
         last_id = request.headers.get("last-event-id", "")

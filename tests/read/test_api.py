@@ -95,6 +95,13 @@ def test_holds_transactions_and_commands(api):
     (f"/accounts/{PAGER}/holds?status=maybe", 422, "invalid_parameter"),
     (f"/accounts/{PAGER}?min_seq=x", 422, "invalid_parameter"),
     ("/no/such/route", 404, "not_found"),
+    # Integers beyond SQL's signed 64 bits are refused, not handed to the database driver (a 500 before).
+    (f"/accounts/{PAGER}/history?cursor=99999999999999999999", 422, "invalid_parameter"),
+    (f"/accounts/{PAGER}/history?limit=99999999999999999999", 422, "invalid_parameter"),
+    (f"/accounts/{PAGER}/balance?as_of_ms=99999999999999999999999", 422, "invalid_parameter"),
+    (f"/accounts/{PAGER}/balance?as_of_seq=99999999999999999999", 422, "invalid_parameter"),
+    (f"/accounts/{PAGER}?min_seq=99999999999999999999", 422, "invalid_parameter"),
+    ("/events?since=99999999999999999999", 422, "invalid_parameter"),
 ])
 def test_errors_are_json_with_stable_codes(api, url, status, code):
     response = api.get(url)
@@ -138,3 +145,14 @@ def test_openapi_lists_the_endpoints(api):
     assert {"/accounts/{account_id}", "/accounts/{account_id}/history", "/accounts/{account_id}/balance",
             "/accounts/{account_id}/holds", "/transactions/{transaction_id}",
             "/commands/{client_id}/{command_id}"} <= set(paths)
+
+
+def test_the_openapi_document_lists_the_real_error_answers(api):
+    doc = api.get("/openapi.json").json()
+    account = doc["paths"]["/accounts/{account_id}"]["get"]["responses"]
+    assert {"200", "404", "422", "504"} <= set(account)
+    assert account["404"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert "400" in doc["paths"]["/accounts/{account_id}/history"]["get"]["responses"]
+    cursor = next(p for p in doc["paths"]["/accounts/{account_id}/history"]["get"]["parameters"]
+                  if p["name"] == "cursor")
+    assert cursor["schema"]["anyOf"][0]["maximum"] == 2**63 - 1

@@ -99,7 +99,7 @@ def test_trade_legs_and_fees():
 
 
 def test_trade_with_the_bot_has_plain_liquidity_legs_and_no_fee_for_the_bot():
-    bot_sells = TradeExecuted("t", "BTC", "USDT", "1", "100", Party("alice", "b"), Party(BOT), "seller",
+    bot_sells = TradeExecuted("t", "BTC", "USDT", "1", "100", Party("alice", "b"), BOT, "seller",
                               "0.001", "0.001")
     assert legs(plan(bot_sells)) == [
         ("user:alice:USDT", -100_000_000, "order:b"), ("sys:liquidity:USDT", 100_000_000, None),
@@ -157,9 +157,9 @@ def test_fx_converts_exactly_or_by_the_stated_rounding():
     (OrderPlaced("o", "alice", "buy", "BTC", "USDT", "0.1", "1e5"), rules.InvalidAmount),
     (OrderPlaced("o", "alice", "hold", "BTC", "USDT", "0.1", "1"), rules.InvalidEvent),
     (OrderPlaced("o", "alice", "sell", "BTC", "BTC", "0.1"), rules.InvalidEvent),
-    (TradeExecuted("t", "BTC", "USDT", "0.1", "1", Party(BOT), Party(BOT), "seller"), rules.InvalidEvent),
-    (TradeExecuted("t", "BTC", "USDT", "0.1", "1", Party("a"), Party(BOT), "seller"), rules.InvalidId),
-    (TradeExecuted("t", "BTC", "USDT", "0.1", "1", Party(BOT, "o"), Party("a", "o"), "seller"), rules.InvalidEvent),
+    (TradeExecuted("t", "BTC", "USDT", "0.1", "1", BOT, BOT, "seller"), rules.InvalidEvent),
+    (TradeExecuted("t", "BTC", "USDT", "0.1", "1", Party("a"), BOT, "seller"), rules.InvalidId),
+    (TradeExecuted("t", "BTC", "USDT", "0.1", "1", Party(None, "o"), Party("a", "o"), "seller"), rules.InvalidEvent),
     (TradeExecuted("t", "BTC", "USDT", "0.1", "1", Party("a", "o"), Party("b", "p"), "taker"), rules.InvalidEvent),
     (TradeExecuted("t", "BTC", "USDT", "0.1", "1", Party("a", "o"), Party("b", "p"), "seller", "2"),
      rules.InvalidAmount),
