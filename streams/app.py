@@ -5,17 +5,21 @@ acked records. State does not live in Faust tables: each partition has its own R
 WriteBatch per batch of commands, backed by our own changelog topic (docs/engine.md says why).
 
 Run: `ledger worker` (or `faust -A streams.app worker`). Environment: KAFKA_BOOTSTRAP, LEDGER_TOPIC_PREFIX,
-LEDGER_PARTITIONS, LEDGER_DATA_DIR (this worker's own directory), LEDGER_SESSION_TIMEOUT_S.
+LEDGER_PARTITIONS, LEDGER_DATA_DIR (this worker's own directory), LEDGER_SESSION_TIMEOUT_S, LEDGER_ENGINE_KEY
+(the key of the engine's seal, given to workers only: streams/seal.py).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
 
 import faust
 
-from streams import config, metrics
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from streams import config, limits, metrics
 from streams.engine import CommandRecord, Engine
 
 log = logging.getLogger("ledger.worker")
@@ -56,6 +60,35 @@ async def on_revoked(sender, revoked, **kwargs) -> None:
 @app.on_partitions_assigned.connect
 async def on_assigned(sender, assigned, **kwargs) -> None:
     engine.invalidate()
+
+
+def _topics_too_small() -> list[str]:
+    """Topics whose max.message.bytes is below what the ledger's outputs may need (streams/limits.py)."""
+    admin = AdminClient(settings.kafka_config())
+    names = [settings.topic(n) for n in config.TOPIC_NAMES]
+    futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in names])
+    small = []
+    for resource, future in futures.items():
+        value = int(future.result(timeout=30)["max.message.bytes"].value)
+        if value < limits.TOPIC_MIN_BYTES:
+            small.append(f"{resource.name} has max.message.bytes={value}")
+    return small
+
+
+@app.task
+async def check_topic_limits() -> None:
+    """A topic that refuses records the ledger may write would stop the worker at its first large output:
+    refuse to run instead, saying which (a configuration error, not a command's fault)."""
+    try:
+        small = await asyncio.to_thread(_topics_too_small)
+    except Exception as exc:  # noqa: BLE001 - the check is advisory when the cluster cannot describe configs
+        log.warning("could not read the topics' max.message.bytes: %s", exc)
+        return
+    if small:
+        log.error("topics accept smaller records than the ledger may write (needs max.message.bytes >= %d, "
+                  "streams/limits.py): %s", limits.TOPIC_MIN_BYTES, "; ".join(small))
+        logging.shutdown()
+        os._exit(78)  # EX_CONFIG
 
 
 @app.task
