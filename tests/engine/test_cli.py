@@ -78,3 +78,45 @@ def test_single_commands_from_flags(settings, start_worker):
     assert bad.returncode == 2 and "precision_exceeded" in bad.stderr
     balance = latest_balances(settings)["user:lou:USD"]
     assert (balance["posted"], balance["held"]) == ("1700", "0")
+
+
+def test_submit_sends_repeated_control_lines_and_reports_resubmissions_as_duplicates(settings, start_worker):
+    start_worker()
+    lines = [
+        '{"type": "open", "account": "user:bob:USD", "currency": "USD"}',
+        '{"type": "post", "id": "dep-bob", "kind": "deposit", "legs": [{"account": "sys:world:USD", "amount": "-5"}, '
+        '{"account": "user:bob:USD", "amount": "5"}]}',
+        '{"type": "freeze", "account": "user:bob:USD"}',
+        '{"type": "unfreeze", "account": "user:bob:USD"}',
+        '{"type": "freeze", "account": "user:bob:USD"}',
+        '{"type": "post", "id": "bob-pays", "legs": [{"account": "user:bob:USD", "amount": "-1"}, '
+        '{"account": "sys:world:USD", "amount": "1"}]}',
+    ]
+    first = submit(settings, "\n".join(lines), "--json")
+    results = {r["line"]: r for r in map(json.loads, first.stdout.splitlines())}
+    assert [results[n]["outcome"] for n in range(1, 6)] == ["accepted"] * 5, first.stdout
+    assert not any(results[n]["duplicate"] for n in range(1, 6)), "the second freeze is a command of its own"
+    assert results[6]["reason"] == "account_frozen", "the third line froze bob again"
+    again = submit(settings, "\n".join(lines))
+    assert "6 sent, 0 bad lines; accepted 5, account_frozen 1 (6 of them duplicates of an earlier submission)" \
+        in again.stdout, again.stdout
+    assert "line 3: freeze:user:bob:USD@3~" in again.stdout and "duplicate: already accepted" in again.stdout
+
+
+def test_submit_checks_every_line_before_sending_anything_and_always_summarises(settings, start_worker):
+    start_worker()
+    lines = [
+        '{"type": "open", "account": "user:cy:USD", "currency": "USD"}',
+        '{"type": "post", "id": "p", "legs": [{"account": "user:cy:USD", "amount": "-1", "hold": 5}, '
+        '{"account": "sys:world:USD", "amount": "1"}]}',
+        '{"type": "post", "id": "q", "kind": 7, "legs": [{"account": "user:cy:USD", "amount": "-1"}, '
+        '{"account": "sys:world:USD", "amount": "1"}]}',
+        '{"type": "post", "id": "r", "metadata": {"a": 1}, "legs": [{"account": "user:cy:USD", "amount": "-1"}, '
+        '{"account": "sys:world:USD", "amount": "1"}]}',
+    ]
+    done = submit(settings, "\n".join(lines))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert any(e.startswith("line 2: 'hold' must be a non-empty string") for e in done.stderr.splitlines())
+    assert any(e.startswith("line 3: 'kind' must be") for e in done.stderr.splitlines())
+    assert any(e.startswith("line 4: 'metadata' must be") for e in done.stderr.splitlines())
+    assert "1 sent, 3 bad lines; accepted 1" in done.stdout
