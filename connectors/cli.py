@@ -433,6 +433,8 @@ def rebuild_balances(
 
     report = rebuild(_kafka_settings(), into_topic)
     typer.echo(f"{report.accounts} accounts from {report.history_records} history records")
+    if report.unreadable:
+        typer.echo(f"skipped {report.unreadable} unreadable record(s) on the history and balances topics", err=True)
     typer.echo(f"live balances hash   {report.live_hash}")
     typer.echo(f"rebuilt from history {report.rebuilt_hash}")
     if report.ok:

@@ -61,6 +61,7 @@ class RebuildReport:
     rebuilt_hash: str = ""
     first_difference: str | None = None  # an account id, when the two differ
     details: list[str] = field(default_factory=list)
+    unreadable: int = 0  # records on history or balances that are not the ledger's (skipped, not folded)
 
     @property
     def ok(self) -> bool:
@@ -69,11 +70,14 @@ class RebuildReport:
 
 def rebuild_balances(settings: Settings, into_topic: str | None = None) -> RebuildReport:
     c = codec()
-    history = [r.value for r in read_topic(settings, "history")]
+    records = list(read_topic(settings, "history"))
+    history = [r.value for r in records if r.value is not None]
+    balances = list(read_topic(settings, "balances"))
     rebuilt = {a: c.encode("balance", v) for a, v in fold_balances(history).items()}
-    live_encoded = {a: r.raw for a, r in latest_per_account(read_topic(settings, "balances")).items()}
+    live_encoded = {a: r.raw for a, r in latest_per_account(balances).items()}
     report = RebuildReport(accounts=len(rebuilt), history_records=len(history),
-                           live_hash=canonical_hash(live_encoded), rebuilt_hash=canonical_hash(rebuilt))
+                           live_hash=canonical_hash(live_encoded), rebuilt_hash=canonical_hash(rebuilt),
+                           unreadable=len(records) - len(history) + sum(r.value is None for r in balances))
     if not report.ok:
         for account_id in sorted(set(live_encoded) | set(rebuilt)):
             if live_encoded.get(account_id) != rebuilt.get(account_id):

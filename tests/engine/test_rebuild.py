@@ -45,7 +45,7 @@ def test_balances_rebuilt_from_history_are_byte_identical_and_tampering_is_named
     topic = f"{settings.prefix}balances.rebuilt"
     report = rebuild_balances(settings, into_topic=topic)
     assert report.ok, report.details
-    assert report.accounts > 40 and report.history_records > 600
+    assert report.accounts > 40 and report.history_records > 600 and report.unreadable == 0
     written = _read_raw(settings, topic)
     assert len(written) == report.accounts
 
@@ -61,4 +61,11 @@ def test_balances_rebuilt_from_history_are_byte_identical_and_tampering_is_named
     producer.flush(10)
     tampered = rebuild_balances(settings)
     assert not tampered.ok and tampered.first_difference == "user:buyer:USDT"
+
+    # Foreign bytes on history and balances are skipped and counted, never a crash.
+    for name in ("history", "balances"):
+        producer.produce(settings.topic(name), b"not avro", b"user:buyer:USDT", partition=0)
+    producer.flush(10)
+    skipped = rebuild_balances(settings)
+    assert skipped.unreadable == 2 and skipped.first_difference == "user:buyer:USDT"
     client.close()
