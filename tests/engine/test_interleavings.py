@@ -194,24 +194,31 @@ def _traders(count: int) -> list[str]:
     raise AssertionError("not enough partitions")
 
 
-TRADERS = _traders(4)
+TRADERS = _traders(3)
 CURRENCIES = ("USDT", "BTC")
 FUNDS = {"USDT": 1_000, "BTC": 100}  # small, so commands compete for them
 
 trader = st.integers(0, len(TRADERS) - 1)
 currency = st.sampled_from(CURRENCIES)
 amount = st.integers(1, 400)
+# Weighted towards holds and what contends for them: trades that capture them, client captures, releases.
+hold_op = st.tuples(st.just("hold"), trader, currency, st.integers(50, 400), st.none() | st.integers(1, 40))
+trade_op = st.tuples(st.just("trade"), trader, st.integers(1, len(TRADERS) - 1), st.integers(0, 99),
+                     st.integers(0, 99), st.integers(1, 250), st.integers(1, 30))
+capture_op = st.tuples(st.just("capture"), st.integers(0, 99), st.integers(1, 300), trader)
 ops = st.one_of(
-    st.tuples(st.just("transfer"), trader, trader, currency, amount),
-    st.tuples(st.just("hold"), trader, currency, amount, st.none() | st.integers(1, 40)),
-    st.tuples(st.just("trade"), trader, st.integers(1, len(TRADERS) - 1), st.integers(0, 99), st.integers(0, 99),
-              amount, st.integers(1, 60)),
-    st.tuples(st.just("capture"), st.integers(0, 99), amount, trader),
+    hold_op, hold_op, trade_op, trade_op, trade_op, capture_op, capture_op,
     st.tuples(st.just("release"), st.integers(0, 99)),
+    st.tuples(st.just("transfer"), trader, trader, currency, amount),
     st.tuples(st.just("freeze"), trader, currency, st.booleans()),
     st.tuples(st.just("retry"), st.integers(0, 99)),
     st.tuples(st.just("advance"), st.integers(1, 30)),
 )
+
+
+def scaled(n: int, cur: str) -> int:
+    """An amount of 1..400 in USDT; a fifth of it in BTC (funds: 1,000 USDT, 100 BTC)."""
+    return n if cur == "USDT" else max(1, n // 5)
 
 
 class Producer:
@@ -231,12 +238,14 @@ class Producer:
         cid = f"c{self.count}"
         if kind == "transfer":
             src, dst, cur, n = args
+            n = scaled(n, cur)
             src_account, dst_account = f"{TRADERS[src]}:{cur}", f"{TRADERS[dst]}:{cur}"
             if src == dst:  # to the outside world instead
                 dst_account = f"sys:world:{cur}"
             return tx(cid, [(src_account, -n, None, None), (dst_account, n, None, cur)], kind="transfer"), src_account
         if kind == "hold":
             who, cur, n, expires_in = args
+            n = scaled(n, cur)
             account = f"{TRADERS[who]}:{cur}"
             hold_id = f"h{self.count}"
             self.holds.append((hold_id, account))
@@ -247,8 +256,9 @@ class Producer:
             buyer, offset, bid_pick, ask_pick, usdt, btc = args
             b, s = TRADERS[buyer], TRADERS[(buyer + offset) % len(TRADERS)]
             bids, asks = self.holds_on(f"{b}:USDT"), self.holds_on(f"{s}:BTC")
-            bid = bids[bid_pick % len(bids)] if bids and bid_pick % 3 else None  # a third trade without a hold
-            ask = asks[ask_pick % len(asks)] if asks and ask_pick % 3 else None
+            # Mostly the standing order (the first hold of the account); a quarter of the legs without a hold.
+            bid = bids[0 if bid_pick < 60 else bid_pick % len(bids)] if bids and bid_pick % 4 else None
+            ask = asks[0 if ask_pick < 60 else ask_pick % len(asks)] if asks and ask_pick % 4 else None
             legs = [(f"{b}:USDT", -usdt, bid, None), (f"{s}:USDT", usdt, None, "USDT"),
                     (f"{s}:BTC", -btc, ask, None), (f"{b}:BTC", btc, None, "BTC")]
             return tx(cid, legs, kind="trade"), f"{b}:USDT"
@@ -256,8 +266,9 @@ class Producer:
             pick, n, dst = args
             if not self.holds:
                 return None
-            hold_id, account = self.holds[pick % len(self.holds)]
+            hold_id, account = self.holds[pick % (len(TRADERS) * 2) if pick < 60 else pick % len(self.holds)]
             cur = account.rsplit(":", 1)[1]
+            n = scaled(n, cur)
             target = f"{TRADERS[dst]}:{cur}"
             if target == account:
                 target = f"sys:fees:{cur}"
@@ -297,8 +308,19 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
             send(bus, oracles, tx(f"dep:{account}", [(f"sys:world:{cur}", -FUNDS[cur], None, None),
                                                      (account, FUNDS[cur], None, None)], kind="deposit"), account)
     bus.run()
-    oracles.check_quiet()
+    # Standing orders: a bid (USDT) and an ask (BTC) per trader, which most trades and captures draw on; some
+    # expire (log time) while the commands below are in flight.
     producer = Producer()
+    for t in TRADERS:
+        for side, cur, n in (("bid", "USDT", 300), ("ask", "BTC", 40)):
+            expires = None if rng.random() < 0.5 else bus.clock + rng.randint(5, 80)
+            hold_id = f"{side}:{t}"
+            producer.holds.append((hold_id, f"{t}:{cur}"))
+            send(bus, oracles, command(f"hold:{hold_id}", "PlaceHold", {
+                "hold_id": hold_id, "account_id": f"{t}:{cur}", "amount": str(n), "expires_at_ms": expires}),
+                f"{t}:{cur}")
+    bus.run()
+    oracles.check_quiet()
     window: list[tuple[bytes, str]] = []
 
     def flush() -> None:
@@ -324,7 +346,7 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
             continue
         producer.sent.append(made)
         window.append(made)
-        deliveries = rng.randint(0, 3)
+        deliveries = rng.choice((0, 0, 1, 2, 3))
         if deliveries:
             flush()
         for _ in range(deliveries):
@@ -339,7 +361,7 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
 
 EXAMPLES = int(os.environ.get("LEDGER_INTERLEAVING_EXAMPLES", "60"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-operation_lists = st.lists(ops, min_size=1, max_size=30)
+operation_lists = st.lists(ops, min_size=15, max_size=40)
 
 
 @PROPERTY
@@ -361,7 +383,9 @@ VOTE_BUG = (
 @pytest.mark.xfail(strict=True, reason=VOTE_BUG)
 @PROPERTY
 @given(operations=operation_lists, seed=st.integers(0, 2**32 - 1), follow_up_batches=st.booleans())
-@example(operations=[("trade", 0, 1, 0, 0, 100, 10)], seed=54, follow_up_batches=False)
+# One trade whose schedule (seed 44 with this generator) crashes the coordinator after the final Vote's own redo
+# record reached the changelog but not the posting's; rerun a seed search if the generator changes.
+@example(operations=[("trade", 0, 1, 99, 99, 100, 10)], seed=44, follow_up_batches=False)
 def test_many_transactions_in_flight_keep_every_promise_when_a_crash_cuts_a_commands_redo_records(
         operations, seed, follow_up_batches):
     run_interleaved(operations, seed, follow_up_batches, changelog_cuts="anywhere")
