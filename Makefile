@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-core soak clean
+.PHONY: install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-core soak clean fuzz
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -39,6 +39,12 @@ test: install
 
 test-core: $(STAMP)
 	$(BIN)/pytest -q tests/core
+
+# A long seeded fuzz run of the commands topic against a real worker (tests/adversary.py, scripts/fuzz.py):
+# records sent by class, results, dead letters, worker exits (must be 0) and verify's verdict.
+# FUZZ_ARGS="--seed 7 --noise 50000" for another run.
+fuzz: install
+	scripts/with-broker.sh $(BIN)/python scripts/fuzz.py $(FUZZ_ARGS)
 
 bench: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/engine_bench.py
