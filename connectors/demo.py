@@ -73,17 +73,14 @@ def run_example(client: LedgerClient, timeout_s: float = 60.0) -> list[dict]:
 
 def final_balances(settings: Settings, accounts: list[str], timeout_s: float = 30.0) -> dict[str, tuple[int, int]]:
     """Latest (posted, held) per account from the balances topic; system accounts summed over shards."""
+    from projections.fold import group_shards, sum_shards
     from projections.topics import latest_per_account, read_topic
 
     deadline = time.monotonic() + timeout_s
     while True:
         latest = latest_per_account(read_topic(settings, "balances"))
-        totals: dict[str, tuple[int, int]] = {}
-        for account_id, record in latest.items():
-            v = record.value
-            name = routing.unsharded(account_id)
-            posted, held = totals.get(name, (0, 0))
-            totals[name] = (posted + int(v["posted"]), held + int(v["held"]))
+        views = {name: sum_shards(rows) for name, rows in group_shards(r.value for r in latest.values()).items()}
+        totals = {name: (view["posted"], view["held"]) for name, view in views.items()}
         picked = {a: totals.get(a, (0, 0)) for a in accounts}
         # Credits to other partitions land a moment after their transaction's result: wait for them.
         if picked == {a: EXPECTED.get(a, picked[a]) for a in accounts} or time.monotonic() > deadline:

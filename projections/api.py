@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from projections import fold
 from projections.db import display
 from projections.metrics import ReadSideCollector, StatsCache, money
 from projections.store import Store
@@ -96,17 +97,61 @@ def _entry(row) -> dict[str, Any]:
             "command_id": row["command_id"]}
 
 
-def create_app(target: str | Path, settings: Settings | None = None, *, projector: bool = False,
-               min_seq_timeout_s: float = 5.0) -> FastAPI:
-    """The API over the store `target` (a SQLite path or a postgresql:// URL). projector=True also runs the
-    projector in a thread (needs settings)."""
-    # The writer creates the schema; a reader needs it to exist before its first query.
-    Store(target, settings.prefix if settings else None).close()
-    store = Store(target, readonly=True)
-    stats = StatsCache(store)
-    registry = CollectorRegistry()
-    registry.register(ReadSideCollector(stats))
+def _result(row) -> dict[str, Any]:
+    return {"client_id": row["client_id"], "command_id": row["command_id"], "outcome": row["outcome"],
+            "reason": row["reason"], "detail": row["detail"], "transaction_id": row["transaction_id"],
+            "at_ms": row["at_ms"], "holds": json.loads(row["holds"])}
 
+
+def _hold(h, currency: str) -> dict[str, Any]:
+    return {"hold_id": h["hold_id"], "status": h["status"], "amount": money(int(h["amount"]), currency),
+            "captured": money(int(h["captured"]), currency), "released": money(int(h["released"]), currency),
+            "remaining": money(fold.remaining(h), currency), "expires_at_ms": h["expires_at_ms"],
+            "updated_at_ms": h["updated_at_ms"]}
+
+
+def _balance(account_id: str, currency: str, posted: int, held: int, **as_of: int) -> dict[str, Any]:
+    return {"account_id": account_id, "currency": currency, **as_of, "posted": money(posted, currency),
+            "held": money(held, currency), "available": money(posted - held, currency)}
+
+
+# --- what every account route checks first --------------------------------------------------------------------
+def account_or_404(store: Store, account_id: str):
+    row = store.view(account_id)
+    if row is None:
+        raise ApiError(404, "unknown_account", f"no account {account_id!r} in the read store")
+    return row
+
+
+async def caught_up(store: Store, account_id: str, min_seq: int | None, timeout_s: float):
+    """The account's view; with min_seq (read-your-writes), once the projection has it at min_seq or later,
+    waiting up to timeout_s (504 not_caught_up after that)."""
+    if min_seq is None:
+        return account_or_404(store, account_id)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        row = store.view(account_id)
+        if row is not None and row["seq"] >= min_seq:
+            return row
+        if time.monotonic() >= deadline:
+            have = None if row is None else row["seq"]
+            raise ApiError(504, "not_caught_up", f"{account_id} is at seq {have} in the read store, not "
+                                                 f"{min_seq}, after {timeout_s:g} s")
+        await asyncio.sleep(0.02)
+
+
+def single_sequence(store: Store, row) -> None:
+    """A per-account sequence (history, as of a seq) exists per shard, not for a summed system account."""
+    account_id = row["account_id"]
+    if row["shards"] > 1 or (routing.is_system(account_id) and routing.SHARD_MARK not in account_id):
+        shards = [s["account_id"] for s in store.shards(account_id)]
+        raise ApiError(400, "sharded_account", f"{account_id} is the sum of shards with their own seqs; "
+                                               f"ask one of {shards}")
+
+
+# --- the app ----------------------------------------------------------------------------------------------------
+def _lifespan(target: str | Path, settings: Settings | None, projector: bool):
+    """Runs the projector in a thread for the app's lifetime (projector=True)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         stop = threading.Event()
@@ -124,12 +169,11 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
             if thread is not None:
                 thread.join(10)
 
-    app = FastAPI(title="Ledger read API", version="1", lifespan=lifespan,
-                  description="Balances, history, holds, transactions and command results from the read store. "
-                              "Read-only. " + (__doc__ or "").split("stable codes:")[-1])
-    app.state.store = store
-    app.state.stats = stats
+    return lifespan
 
+
+def _answer_errors_as_json(app: FastAPI) -> None:
+    """Every error, ours or the framework's, as {"error": {"code", "message"}} with a stable code."""
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         return _error(exc.status, exc.code, exc.message)
@@ -147,43 +191,36 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else "http_error"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _error(exc.status_code, code, str(exc.detail))
 
-    # --- helpers ---------------------------------------------------------------------------------------------
-    def account_or_404(account_id: str):
-        row = store.view(account_id)
-        if row is None:
-            raise ApiError(404, "unknown_account", f"no account {account_id!r} in the read store")
-        return row
 
-    async def caught_up(account_id: str, min_seq: int | None):
-        """Read-your-writes: wait (bounded) until the projection has the account at min_seq or later."""
-        if min_seq is None:
-            return account_or_404(account_id)
-        deadline = time.monotonic() + min_seq_timeout_s
-        while True:
-            row = store.view(account_id)
-            if row is not None and row["seq"] >= min_seq:
-                return row
-            if time.monotonic() >= deadline:
-                have = None if row is None else row["seq"]
-                raise ApiError(504, "not_caught_up", f"{account_id} is at seq {have} in the read store, not "
-                                                     f"{min_seq}, after {min_seq_timeout_s:g} s")
-            await asyncio.sleep(0.02)
+def create_app(target: str | Path, settings: Settings | None = None, *, projector: bool = False,
+               min_seq_timeout_s: float = 5.0) -> FastAPI:
+    """The API over the store `target` (a SQLite path or a postgresql:// URL). projector=True also runs the
+    projector in a thread (needs settings). The routes ask the store and format its rows; nothing else."""
+    # The writer creates the schema; a reader needs it to exist before its first query.
+    Store(target, settings.prefix if settings else None).close()
+    store = Store(target, readonly=True)
+    stats = StatsCache(store)
+    registry = CollectorRegistry()
+    registry.register(ReadSideCollector(stats))
 
-    def single_sequence(row) -> None:
-        if row["shards"] > 1 or (routing.is_system(row["account_id"]) and routing.SHARD_MARK not in row["account_id"]):
-            shards = [s["account_id"] for s in store.shards(row["account_id"])]
-            raise ApiError(400, "sharded_account", f"{row['account_id']} is the sum of shards with their own "
-                                                   f"seqs; ask one of {shards}")
+    app = FastAPI(title="Ledger read API", version="1", lifespan=_lifespan(target, settings, projector),
+                  description="Balances, history, holds, transactions and command results from the read store. "
+                              "Read-only. " + (__doc__ or "").split("stable codes:")[-1])
+    app.state.store = store
+    app.state.stats = stats
+    _answer_errors_as_json(app)
+
+    async def account(account_id: str, min_seq: int | None):
+        return await caught_up(store, account_id, min_seq, min_seq_timeout_s)
 
     # --- accounts --------------------------------------------------------------------------------------------
     @app.get("/accounts/{account_id}", summary="Balance view (system accounts summed over their shards)",
              responses=_errors(404, 422, 504))
     async def get_account(account_id: str, min_seq: int | None = Query(None, **SEQ)):
-        row = await caught_up(account_id, min_seq)
-        view = _view(row)
+        view = _view(await account(account_id, min_seq))
         if "shards" in view:
             view["shard_views"] = [_view({**dict(s), "shards": 1}) for s in store.shards(account_id)]
         return view
@@ -192,11 +229,9 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
              responses=_errors(400, 404, 422, 504))
     async def get_history(account_id: str, cursor: int | None = Query(None, **SEQ),
                           limit: int = Query(100, ge=1, le=SQL_MAX), min_seq: int | None = Query(None, **SEQ)):
-        row = await caught_up(account_id, min_seq)
-        single_sequence(row)
+        single_sequence(store, await account(account_id, min_seq))
         limit = min(limit, MAX_PAGE)
-        rows = store.conn.execute("SELECT * FROM history WHERE account_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                                  (account_id, cursor or 0, limit + 1)).fetchall()
+        rows = store.history_page(account_id, cursor or 0, limit + 1)
         more = len(rows) > limit
         rows = rows[:limit]
         return {"account_id": account_id, "limit": limit, "entries": [_entry(r) for r in rows],
@@ -208,84 +243,42 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
                                 as_of_seq: int | None = Query(None, **SEQ), min_seq: int | None = Query(None, **SEQ)):
         if (as_of_ms is None) == (as_of_seq is None):
             raise ApiError(422, "invalid_parameter", "give exactly one of as_of_ms and as_of_seq")
-        row = await caught_up(account_id, min_seq)
-        cur = row["currency"]
-        if as_of_seq is not None:
-            single_sequence(row)
-            if as_of_seq > row["seq"]:
-                raise ApiError(404, "unknown_seq", f"{account_id} is at seq {row['seq']}, not {as_of_seq}, "
-                                                   "in the read store (min_seq waits for it)")
-            entry = store.conn.execute("SELECT * FROM history WHERE account_id = ? AND seq <= ? ORDER BY seq DESC "
-                                       "LIMIT 1", (account_id, as_of_seq)).fetchone()
-            posted, held = (0, 0) if entry is None else (int(entry["posted_after"]), int(entry["held_after"]))
-            return {"account_id": account_id, "currency": cur, "as_of_seq": as_of_seq, "posted": money(posted, cur),
-                    "held": money(held, cur), "available": money(posted - held, cur)}
-        # By business time: Σ legs that occurred by then (back-dated entries count where they belong); held
-        # has no business time, so it is the held amount recorded (log time) by then.
-        posted = held = 0
-        ids = [s["account_id"] for s in store.shards(account_id)] or [account_id]
-        for shard in ids:
-            posted += sum(int(r[0]) for r in store.conn.execute(
-                "SELECT amount FROM history WHERE account_id = ? AND occurred_at_ms <= ?", (shard, as_of_ms)))
-            last = store.conn.execute("SELECT held_after FROM history WHERE account_id = ? AND at_ms <= ? "
-                                      "ORDER BY seq DESC LIMIT 1", (shard, as_of_ms)).fetchone()
-            held += int(last[0]) if last else 0
-        return {"account_id": account_id, "currency": cur, "as_of_ms": as_of_ms, "posted": money(posted, cur),
-                "held": money(held, cur), "available": money(posted - held, cur)}
+        row = await account(account_id, min_seq)
+        if as_of_seq is None:
+            posted, held = store.balance_as_of_ms(account_id, as_of_ms)
+            return _balance(account_id, row["currency"], posted, held, as_of_ms=as_of_ms)
+        single_sequence(store, row)
+        if as_of_seq > row["seq"]:
+            raise ApiError(404, "unknown_seq", f"{account_id} is at seq {row['seq']}, not {as_of_seq}, "
+                                               "in the read store (min_seq waits for it)")
+        entry = store.entry_at_seq(account_id, as_of_seq)
+        posted, held = (0, 0) if entry is None else (int(entry["posted_after"]), int(entry["held_after"]))
+        return _balance(account_id, row["currency"], posted, held, as_of_seq=as_of_seq)
 
     @app.get("/accounts/{account_id}/holds", summary="Holds on the account (open ones by default)",
              responses=_errors(404, 422, 504))
     async def get_holds(account_id: str, status: str = Query("open", pattern="^(open|all)$"),
                         min_seq: int | None = Query(None, **SEQ)):
-        row = await caught_up(account_id, min_seq)
-        cur = row["currency"]
-        sql = "SELECT * FROM holds WHERE account_id = ?" + (" AND status = 'open'" if status == "open" else "")
-        holds = []
-        for h in store.conn.execute(sql + " ORDER BY hold_id", (account_id,)):
-            amount, captured, released = int(h["amount"]), int(h["captured"]), int(h["released"])
-            holds.append({"hold_id": h["hold_id"], "status": h["status"], "amount": money(amount, cur),
-                          "captured": money(captured, cur), "released": money(released, cur),
-                          "remaining": money(amount - captured - released, cur),
-                          "expires_at_ms": h["expires_at_ms"], "updated_at_ms": h["updated_at_ms"]})
-        return {"account_id": account_id, "holds": holds}
+        row = await account(account_id, min_seq)
+        return {"account_id": account_id,
+                "holds": [_hold(h, row["currency"]) for h in store.holds_of(account_id, status == "open")]}
 
     # --- transactions and commands ---------------------------------------------------------------------------
     @app.get("/transactions/{transaction_id}", summary="A transaction's legs and status", responses=_errors(404, 422))
     async def get_transaction(transaction_id: str, client_id: str | None = None):
-        where, args = "transaction_id = ?", [transaction_id]
-        if client_id is not None:
-            where, args = where + " AND client_id IN (?, ?)", args + [client_id, routing.ENGINE_CLIENT]
-        entries = store.conn.execute(f"SELECT * FROM history WHERE {where} ORDER BY at_ms, account_id, seq",
-                                     args).fetchall()
-        results = store.conn.execute(f"SELECT * FROM results WHERE {where} ORDER BY at_ms", args).fetchall()
-        if not entries and not results:
-            # A rejected command carries no transaction id; clients usually use it as the command id.
-            results = store.conn.execute(f"SELECT * FROM results WHERE {where.replace('transaction_id', 'command_id')}"
-                                         " AND outcome = 'rejected'", args).fetchall()
+        entries, results = store.transaction(transaction_id, client_id)
         if not entries and not results:
             raise ApiError(404, "unknown_transaction", f"no transaction {transaction_id!r} in the read store")
-        legs = [_entry(e) for e in entries if e["amount"] != "0"]
-        in_clearing: dict[str, int] = {}
-        for e in entries:
-            if routing.unsharded(e["account_id"]).startswith("sys:clearing:"):
-                in_clearing[e["currency"]] = in_clearing.get(e["currency"], 0) + int(e["amount"])
-        client_results = [r for r in results if r["client_id"] != routing.ENGINE_CLIENT]
-        if not legs:
-            rejected = [r for r in client_results if r["outcome"] == "rejected"]
-            status = "rejected" if rejected else "pending"
-        elif any(r["command_id"].endswith("~return") for r in results):
-            status = "returned"  # a credit could not apply; the money went back to the payer
-        else:
-            status = "in_flight" if any(in_clearing.values()) else "posted"
-        return {"transaction_id": transaction_id, "status": status, "legs": legs,
-                "in_clearing": [money(v, c) for c, v in sorted(in_clearing.items()) if v],
-                "results": [_result(r) for r in client_results]}
+        clearing = fold.in_clearing(entries)
+        return {"transaction_id": transaction_id, "status": fold.transaction_status(entries, results),
+                "legs": [_entry(e) for e in entries if e["amount"] != "0"],
+                "in_clearing": [money(v, c) for c, v in sorted(clearing.items()) if v],
+                "results": [_result(r) for r in results if r["client_id"] != routing.ENGINE_CLIENT]}
 
     @app.get("/commands/{client_id}/{command_id:path}", summary="The decision for a command (not duplicates)",
              responses=_errors(404))
     async def get_command(client_id: str, command_id: str):
-        row = store.conn.execute("SELECT * FROM results WHERE client_id = ? AND command_id = ?",
-                                 (client_id, command_id)).fetchone()
+        row = store.result(client_id, command_id)
         if row is None:
             raise ApiError(404, "unknown_command", f"no result for {client_id}/{command_id} in the read store")
         return _result(row)
@@ -293,10 +286,8 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
     # --- dashboard, live events, metrics ---------------------------------------------------------------------
     @app.get("/api/snapshot", include_in_schema=False)
     async def snapshot(limit: int = Query(300, ge=1, le=SQL_MAX)):
-        rows = store.conn.execute("SELECT * FROM account_views ORDER BY updated_at_ms DESC, account_id LIMIT ?",
-                                  (min(limit, MAX_PAGE),)).fetchall()
-        return {"prefix": settings.prefix if settings else None, "accounts": [_view(r) for r in rows],
-                "stats": stats.get()}
+        return {"prefix": settings.prefix if settings else None,
+                "accounts": [_view(r) for r in store.recent_views(min(limit, MAX_PAGE))], "stats": stats.get()}
 
     @app.get("/api/stats", include_in_schema=False)
     async def get_stats():
@@ -310,26 +301,7 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
         last_id = request.headers.get("last-event-id", "")
         if last_id.isdigit():
             since = int(last_id)
-
-        async def stream():
-            version = store.version() if since is None else since
-            started = time.monotonic()
-            last_stats = 0.0
-            yield "retry: 2000\n\n"
-            while time.monotonic() - started < max_s:
-                if await request.is_disconnected():
-                    return
-                rows = store.conn.execute("SELECT * FROM account_views WHERE version > ? ORDER BY version LIMIT 500",
-                                          (version,)).fetchall()
-                if rows:
-                    version = max(r["version"] for r in rows)
-                    yield f"event: balances\nid: {version}\ndata: {json.dumps([_view(r) for r in rows])}\n\n"
-                if time.monotonic() - last_stats >= 1.0:
-                    last_stats = time.monotonic()
-                    yield f"event: stats\ndata: {json.dumps(stats.get())}\n\n"
-                await asyncio.sleep(0.25)
-
-        return StreamingResponse(stream(), media_type="text/event-stream",
+        return StreamingResponse(_event_stream(request, store, stats, since, max_s), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/metrics", include_in_schema=False)
@@ -344,10 +316,23 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
     return app
 
 
-def _result(row) -> dict[str, Any]:
-    return {"client_id": row["client_id"], "command_id": row["command_id"], "outcome": row["outcome"],
-            "reason": row["reason"], "detail": row["detail"], "transaction_id": row["transaction_id"],
-            "at_ms": row["at_ms"], "holds": json.loads(row["holds"])}
+async def _event_stream(request: Request, store: Store, stats: StatsCache, since: int | None, max_s: float):
+    """The SSE feed: changed account views (by store version) as they come, stats once a second, for max_s."""
+    version = store.version() if since is None else since
+    started = time.monotonic()
+    last_stats = 0.0
+    yield "retry: 2000\n\n"
+    while time.monotonic() - started < max_s:
+        if await request.is_disconnected():
+            return
+        rows = store.views_since(version)
+        if rows:
+            version = max(r["version"] for r in rows)
+            yield f"event: balances\nid: {version}\ndata: {json.dumps([_view(r) for r in rows])}\n\n"
+        if time.monotonic() - last_stats >= 1.0:
+            last_stats = time.monotonic()
+            yield f"event: stats\ndata: {json.dumps(stats.get())}\n\n"
+        await asyncio.sleep(0.25)
 
 
 def serve(settings: Settings, target: str | Path, host: str = "127.0.0.1", port: int = 8080,

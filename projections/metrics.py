@@ -16,7 +16,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from projections.store import Store
-from streams import routing
 from streams.core import DEFAULT_CURRENCIES, format_amount
 
 THROUGHPUT_WINDOW_S = 120
@@ -50,7 +49,6 @@ class StatsCache:
 
 
 def compute(store: Store, lag_history: deque) -> dict[str, Any]:
-    conn = store.conn
     now_ms = int(time.time() * 1000)
     lag = store.lag()
     lag_total = sum(lag.values())
@@ -58,21 +56,16 @@ def compute(store: Store, lag_history: deque) -> dict[str, Any]:
     if not lag_history or now_ms - lag_history[-1][0] >= 1000:
         lag_history.append((now_ms, lag_total))
 
-    by_reason = conn.execute("SELECT outcome, reason, count(*) AS n FROM results GROUP BY outcome, reason").fetchall()
-    outcomes = [{"outcome": r["outcome"], "reason": r["reason"], "count": r["n"]} for r in by_reason]
+    outcomes = store.outcomes()
     rejections = sorted(({"reason": o["reason"], "count": o["count"]} for o in outcomes
                          if o["outcome"] == "rejected"), key=lambda r: -r["count"])
-    recent = [dict(r) for r in conn.execute(
-        "SELECT client_id, command_id, reason, detail, at_ms FROM results WHERE outcome = 'rejected' "
-        f"AND client_id != '{routing.ENGINE_CLIENT}' ORDER BY at_ms DESC LIMIT 12")]
+    recent = store.recent_rejections(12)
 
     # Commands per second by log time (the command's own timestamp), clients only (not engine steps).
-    newest = conn.execute("SELECT max(at_ms) FROM results").fetchone()[0] or now_ms
+    newest = store.newest_result_ms() or now_ms
     end_s = max(now_ms, newest) // 1000
     start_s = end_s - THROUGHPUT_WINDOW_S + 1
-    per_second = {(r["s"], r["outcome"]): r["n"] for r in conn.execute(
-        "SELECT at_ms / 1000 AS s, outcome, count(*) AS n FROM results WHERE at_ms >= ? AND client_id != ? "
-        "GROUP BY s, outcome", (start_s * 1000, routing.ENGINE_CLIENT))}
+    per_second = store.results_per_second(start_s * 1000)
     throughput = [{"t": s, "accepted": per_second.get((s, "accepted"), 0),
                    "rejected": per_second.get((s, "rejected"), 0)} for s in range(start_s, end_s + 1)]
 
@@ -93,7 +86,7 @@ def compute(store: Store, lag_history: deque) -> dict[str, Any]:
         "sums": [{**money(total, cur), "balanced": total == 0} for cur, total in sorted(sums.items())],
         "clearing": clearing,
         "reconciled": all(total == 0 for total in sums.values()),
-        "accounts": conn.execute("SELECT count(*) FROM account_views").fetchone()[0],
+        "accounts": store.account_count(),
     }
 
 

@@ -1,8 +1,9 @@
 """Rebuild the balances topic from the history topic and prove it byte-identical to the live one (P7).
 
-Every history entry carries the account's seq, posted and held after the change, so the latest balance
-view of an account is a pure fold of its journal: status from the non-posting kinds (opened, frozen,
-unfrozen, closed), the last transaction id, the time of the last change. Encoded with the same schema, the
+Every history entry carries the account's seq, amount and held after the change, so the latest balance
+view of an account is a pure fold of its journal (`projections.fold`, the same fold the oracles check):
+posted the sum of the amounts, status from the non-posting kinds (opened, frozen, unfrozen, closed), the
+last transaction id, the time of the last change. Encoded with the same schema, the
 rebuilt view of every account must equal, byte for byte, the latest record of that account on the live
 balances topic. `ledger rebuild-balances` compares their canonical hashes (and can write the rebuilt views to
 a fresh compacted topic); a mismatch names the first differing account.
@@ -15,34 +16,10 @@ from dataclasses import dataclass, field
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from projections.fold import fold_history
 from projections.topics import latest_per_account, read_topic
 from schemas.codec import codec
 from streams.config import Settings
-
-STATUS_OF_KIND = {"account_opened": "open", "account_unfrozen": "open", "account_frozen": "frozen",
-                  "account_closed": "closed"}
-
-
-def fold_balances(history: list[dict]) -> dict[str, dict]:
-    """The latest Balance record of every account, from its history entries (deduplicated by entry id)."""
-    by_account: dict[str, dict[int, dict]] = {}
-    for entry in history:
-        by_account.setdefault(entry["account_id"], {})[entry["seq"]] = entry
-    views = {}
-    for account_id, entries in by_account.items():
-        status, last_tx = "open", None
-        for seq in sorted(entries):
-            e = entries[seq]
-            status = STATUS_OF_KIND.get(e["kind"], status)
-            last_tx = e["transaction_id"] or last_tx
-        last = entries[max(entries)]
-        posted, held = int(last["posted_after"]), int(last["held_after"])
-        views[account_id] = {
-            "account_id": account_id, "currency": last["currency"], "status": status, "posted": str(posted),
-            "held": str(held), "available": str(posted - held), "seq": last["seq"],
-            "last_transaction_id": last_tx, "updated_at_ms": last["at_ms"],
-        }
-    return views
 
 
 def canonical_hash(encoded: dict[str, bytes]) -> str:
@@ -73,7 +50,7 @@ def rebuild_balances(settings: Settings, into_topic: str | None = None) -> Rebui
     records = list(read_topic(settings, "history"))
     history = [r.value for r in records if r.value is not None]
     balances = list(read_topic(settings, "balances"))
-    rebuilt = {a: c.encode("balance", v) for a, v in fold_balances(history).items()}
+    rebuilt = {a: c.encode("balance", v.record()) for a, v in fold_history(history).items()}
     live_encoded = {a: r.raw for a, r in latest_per_account(balances).items()}
     report = RebuildReport(accounts=len(rebuilt), history_records=len(history),
                            live_hash=canonical_hash(live_encoded), rebuilt_hash=canonical_hash(rebuilt),

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from projections import db
 from projections.db import Connection, transaction
+from projections.fold import fold_holds, newer_hold, sum_shards
 from streams import routing
 
 TOPICS = ("balances", "history", "results")
@@ -185,7 +186,7 @@ class Store:
         return version
 
     def _apply_results(self, results: list[dict]) -> None:
-        rows, conflicts, holds = [], [], {}
+        rows, conflicts = [], []
         for v in results:
             if v["duplicate"]:
                 continue  # answers an original decision that is earlier in the log
@@ -193,15 +194,14 @@ class Store:
                    v["at_ms"], json.dumps(v["holds"], sort_keys=True))
             # An id_conflict answers a second payload under a used id: it must not replace the decision.
             (conflicts if v["reason"] == "id_conflict" else rows).append(row)
-            for h in v["holds"]:
-                holds[h["hold_id"]] = _newer_hold(holds.get(h["hold_id"]), {**h, "updated_at_ms": v["at_ms"]})
         self.conn.executemany(REPLACE_RESULT, rows)
         self.conn.executemany(KEEP_RESULT, conflicts)
+        holds = fold_holds(results)
         stored = {r["hold_id"]: r for r in self._rows_where_in("SELECT * FROM holds", "hold_id", list(holds))}
         rows = []
         for hold_id, h in holds.items():
             old = stored.get(hold_id)
-            if old is not None and _newer_hold(dict(old), h) is not h:
+            if old is not None and newer_hold(dict(old), h) is not h:
                 continue
             rows.append((hold_id, h["account_id"], h["amount"], h["captured"], h["released"], h["status"],
                          h["expires_at_ms"], h["updated_at_ms"]))
@@ -252,21 +252,17 @@ class Store:
             "SELECT account_id, posted, nonzero_since_ms FROM account_views", "account_id", bases)}
         rows = []
         for base in bases:
-            rows_of_base = shards[base]
-            posted = sum(int(s["posted"]) for s in rows_of_base)
-            held = sum(int(s["held"]) for s in rows_of_base)
-            available = sum(int(s["available"]) for s in rows_of_base)
-            newest = max(rows_of_base, key=lambda s: (s["updated_at_ms"], s["seq"]))
+            view = sum_shards(shards[base])
             old = old_views.get(base)
-            # Since when the account holds money (log time): the age of money sitting in clearing.
+            # Since when the account holds money (log time): the age of money sitting in clearing. It depends
+            # on where batches begin and end (a batch shows only its last state), so replay does not hash it.
             since = None
-            if posted != 0:
+            if view["posted"] != 0:
                 since = old["nonzero_since_ms"] if old is not None and int(old["posted"]) != 0 \
-                    else newest["updated_at_ms"]
-            status = newest["status"] if len(rows_of_base) == 1 else "open"
-            rows.append((base, newest["currency"], status, str(posted), str(held), str(available),
-                         sum(s["seq"] for s in rows_of_base), len(rows_of_base), newest["last_transaction_id"],
-                         newest["updated_at_ms"], since, version))
+                    else view["updated_at_ms"]
+            rows.append((base, view["currency"], view["status"], str(view["posted"]), str(view["held"]),
+                         str(view["available"]), view["seq"], view["shards"], view["last_transaction_id"],
+                         view["updated_at_ms"], since, version))
         self.conn.executemany(REPLACE_VIEW, rows)
 
     def record_end_offsets(self, ends: dict[tuple[str, int], int], now_ms: int) -> None:
@@ -307,14 +303,87 @@ class Store:
         return self.conn.execute("SELECT * FROM accounts WHERE base_id = ? ORDER BY account_id",
                                  (base_id,)).fetchall()
 
+    def history_page(self, account_id: str, after_seq: int, limit: int) -> list:
+        """Up to `limit` history entries of an account after seq `after_seq`, oldest first."""
+        return self.conn.execute("SELECT * FROM history WHERE account_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                                 (account_id, after_seq, limit)).fetchall()
 
-def _settled(h: dict) -> tuple[int, int]:
-    """How far a hold has got: ended beats open, then more captured+released beats less."""
-    return (h["status"] != "open", int(h["captured"]) + int(h["released"]))
+    def entry_at_seq(self, account_id: str, seq: int) -> Any:
+        """The account's last history entry at or before seq (None before its first)."""
+        return self.conn.execute("SELECT * FROM history WHERE account_id = ? AND seq <= ? ORDER BY seq DESC LIMIT 1",
+                                 (account_id, seq)).fetchone()
 
+    def balance_as_of_ms(self, account_id: str, as_of_ms: int) -> tuple[int, int]:
+        """(posted, held) of an account (summed over its shards) at a time: posted is the sum of the legs with
+        business time `occurred_at_ms` <= as_of_ms (back-dated entries count where they belong); held has no
+        business time, so it is the held amount recorded (log time `at_ms`) by then."""
+        posted = held = 0
+        for shard in [s["account_id"] for s in self.shards(account_id)] or [account_id]:
+            posted += sum(int(r[0]) for r in self.conn.execute(
+                "SELECT amount FROM history WHERE account_id = ? AND occurred_at_ms <= ?", (shard, as_of_ms)))
+            last = self.conn.execute("SELECT held_after FROM history WHERE account_id = ? AND at_ms <= ? "
+                                     "ORDER BY seq DESC LIMIT 1", (shard, as_of_ms)).fetchone()
+            held += int(last[0]) if last else 0
+        return posted, held
 
-def _newer_hold(old: dict | None, new: dict) -> dict:
-    return new if old is None or _settled(new) >= _settled(old) else old
+    def holds_of(self, account_id: str, open_only: bool) -> list:
+        """The holds on an account (only the open ones with open_only), by hold id."""
+        sql = "SELECT * FROM holds WHERE account_id = ?" + (" AND status = 'open'" if open_only else "")
+        return self.conn.execute(sql + " ORDER BY hold_id", (account_id,)).fetchall()
+
+    def transaction(self, transaction_id: str, client_id: str | None = None) -> tuple[list, list]:
+        """(history entries, results) of a transaction; with client_id, only that client's and the engine's.
+        A rejected command carries no transaction id: when nothing has the id, a rejected command of that id
+        (clients usually use one for both) is the answer."""
+        where, args = "transaction_id = ?", [transaction_id]
+        if client_id is not None:
+            where, args = where + " AND client_id IN (?, ?)", args + [client_id, routing.ENGINE_CLIENT]
+        entries = self.conn.execute(f"SELECT * FROM history WHERE {where} ORDER BY at_ms, account_id, seq",
+                                    args).fetchall()
+        results = self.conn.execute(f"SELECT * FROM results WHERE {where} ORDER BY at_ms", args).fetchall()
+        if not entries and not results:
+            results = self.conn.execute(f"SELECT * FROM results WHERE {where.replace('transaction_id', 'command_id')}"
+                                        " AND outcome = 'rejected'", args).fetchall()
+        return entries, results
+
+    def result(self, client_id: str, command_id: str) -> Any:
+        """The decision for a command (None if the store has none)."""
+        return self.conn.execute("SELECT * FROM results WHERE client_id = ? AND command_id = ?",
+                                 (client_id, command_id)).fetchone()
+
+    def recent_views(self, limit: int) -> list:
+        """The most recently changed account views (the dashboard's first page)."""
+        return self.conn.execute("SELECT * FROM account_views ORDER BY updated_at_ms DESC, account_id LIMIT ?",
+                                 (limit,)).fetchall()
+
+    def views_since(self, version: int, limit: int = 500) -> list:
+        """Account views written by a batch after store version `version`, oldest batch first."""
+        return self.conn.execute("SELECT * FROM account_views WHERE version > ? ORDER BY version LIMIT ?",
+                                 (version, limit)).fetchall()
+
+    def account_count(self) -> int:
+        return self.conn.execute("SELECT count(*) FROM account_views").fetchone()[0]
+
+    # --- reading: results for the dashboard and /metrics --------------------------------------------------
+    def outcomes(self) -> list[dict]:
+        """Decided commands per (outcome, reason)."""
+        rows = self.conn.execute("SELECT outcome, reason, count(*) AS n FROM results GROUP BY outcome, reason")
+        return [{"outcome": r["outcome"], "reason": r["reason"], "count": r["n"]} for r in rows]
+
+    def recent_rejections(self, limit: int = 12) -> list[dict]:
+        """The latest rejections of clients' commands (engine steps aside), newest first."""
+        return [dict(r) for r in self.conn.execute(
+            "SELECT client_id, command_id, reason, detail, at_ms FROM results WHERE outcome = 'rejected' "
+            "AND client_id != ? ORDER BY at_ms DESC LIMIT ?", (routing.ENGINE_CLIENT, limit))]
+
+    def newest_result_ms(self) -> int | None:
+        return self.conn.execute("SELECT max(at_ms) FROM results").fetchone()[0]
+
+    def results_per_second(self, since_ms: int) -> dict[tuple[int, str], int]:
+        """Clients' decided commands (not engine steps) per (second of log time, outcome) from since_ms on."""
+        return {(r["s"], r["outcome"]): r["n"] for r in self.conn.execute(
+            "SELECT at_ms / 1000 AS s, outcome, count(*) AS n FROM results WHERE at_ms >= ? AND client_id != ? "
+            "GROUP BY s, outcome", (since_ms, routing.ENGINE_CLIENT))}
 
 
 # --- canonical hash (P7) ------------------------------------------------------------------------------------

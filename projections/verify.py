@@ -5,7 +5,8 @@ never the workers' state, so it can judge any run: a test, a fault-injection soa
 Re-emitted records (a command redone after a crash) are recognised by their ids and must be byte-identical.
 
 `verify(settings)` reads the topics; `check(streams)` judges what was read and needs no broker. Each oracle is
-one function below (`check_*`), fed by a few pure derivations (`_sent`, `_decisions`, `_journals`, `_fold`);
+one function below (`check_*`), fed by a few pure derivations (`_sent`, `_decisions`, `_distinct`) and the
+read side's one fold of history and of hold states (`projections.fold`);
 every violation names the account, transaction, hold or command concerned. A record verify cannot read (bytes
 that do not decode, or an amount that is not an integer) is skipped, counted as `unreadable.<topic>` and listed
 in the report's notes: it is not itself a broken promise, but whatever it hid shows up in the oracles (a lost
@@ -16,10 +17,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, Sequence
 
 from confluent_kafka import Consumer, TopicPartition
 
+from projections.fold import Balance, fold_holds, fold_journal, journals as journals_of, remaining, walk
 from projections.topics import SCHEMA_OF_TOPIC, TopicRecord, latest_per_account, read_topic
 from schemas.codec import DecodeError, codec
 from streams import routing
@@ -62,14 +64,6 @@ class Streams:
     history: Sequence[TopicRecord] = ()
     balances: Sequence[TopicRecord] = ()
     dead_letters: Sequence[TopicRecord] = ()
-
-
-class Fold(NamedTuple):
-    """An account as its history says it is: the sum of its amounts, and held and seq of its last entry."""
-    posted: int
-    held: int
-    seq: int
-    currency: str
 
 
 def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float = 1.5) -> bool:
@@ -124,8 +118,8 @@ def check(streams: Streams) -> Report:
     accepted = {key for key, raws in decisions.items() if len(raws) == 1 and next(iter(raws.values())) == "accepted"}
     entries = _distinct(history)
     report.counts["history.distinct"] = len(entries)
-    journals = _journals(entries)
-    fold = _fold(journals)
+    journals = journals_of(e.value for e in entries.values())
+    fold = {account: fold_journal(items) for account, items in journals.items()}
 
     check_every_command_answered(report, streams.commands, decisions, results, streams.dead_letters)  # P8
     check_one_decision_per_command(report, decisions)  # P4
@@ -231,22 +225,6 @@ def _distinct(history: Iterable[TopicRecord]) -> dict[str, TopicRecord]:
     return entries
 
 
-def _journals(entries: dict[str, TopicRecord]) -> dict[str, list[dict]]:
-    """Each account's history entries in seq order."""
-    journals: dict[str, list[dict]] = defaultdict(list)
-    for e in entries.values():
-        journals[e.value["account_id"]].append(e.value)
-    for items in journals.values():
-        items.sort(key=lambda v: v["seq"])
-    return dict(journals)
-
-
-def _fold(journals: dict[str, list[dict]]) -> dict[str, Fold]:
-    return {account: Fold(sum(int(v["amount"]) for v in items), int(items[-1]["held_after"]), items[-1]["seq"],
-                          items[-1]["currency"])
-            for account, items in journals.items()}
-
-
 def _floors(sent: dict[CommandKey, list[TopicRecord]], accepted: set[CommandKey]) -> dict[str, int]:
     """Floor of available per account opened (accepted) with allow_negative false; system shards have none."""
     floors = {}
@@ -336,39 +314,34 @@ def check_seq_and_posted_after(report: Report, journals: dict[str, list[dict]]) 
         seqs = [v["seq"] for v in items]
         if seqs != list(range(1, len(seqs) + 1)):
             report.fail("P3", f"{account} seqs are not 1..n: {_gaps(seqs)}")
-        posted = 0
-        for v in items:
-            posted += int(v["amount"])
-            if posted != int(v["posted_after"]):
-                report.fail("P3", f"{account}#{v['seq']} posted_after {v['posted_after']} != fold {posted}")
+        for v, folded in walk(items):
+            if folded.posted != int(v["posted_after"]):
+                report.fail("P3", f"{account}#{v['seq']} posted_after {v['posted_after']} != fold {folded.posted}")
 
 
 def check_no_overdraft(report: Report, journals: dict[str, list[dict]], floors: dict[str, int]) -> None:
     """P2: along the fold of its history, an account without allow_negative keeps posted - held >= its floor."""
     for account, floor in floors.items():
-        posted = 0
-        for v in journals.get(account, ()):
-            posted += int(v["amount"])
-            available = posted - int(v["held_after"])
-            if available < floor:
-                report.fail("P2", f"{account}#{v['seq']} available {available} below {floor}")
+        for v, folded in walk(journals.get(account, ())):
+            if folded.available < floor:
+                report.fail("P2", f"{account}#{v['seq']} available {folded.available} below {floor}")
 
 
-def check_balances_are_the_fold(report: Report, balances: Iterable[TopicRecord], fold: dict[str, Fold]) -> None:
+def check_balances_are_the_fold(report: Report, balances: Iterable[TopicRecord], fold: dict[str, Balance]) -> None:
     """The balances topic's latest view of each account equals the fold of its history (posted, held, seq),
     and every account with history has one."""
     latest = {account: r.value for account, r in latest_per_account(balances).items()}
     report.counts["accounts"] = len(latest)
     for account, v in latest.items():
         folded = fold.get(account)
-        if folded is None or (int(v["posted"]), int(v["held"]), v["seq"]) != folded[:3]:
+        if folded is None or (int(v["posted"]), int(v["held"]), v["seq"]) != (folded.posted, folded.held, folded.seq):
             report.fail("fold", f"balance of {account} {v['posted']}/{v['held']}#{v['seq']} != history "
                                 f"{'none' if folded is None else f'{folded.posted}/{folded.held}#{folded.seq}'}")
     for account in fold.keys() - latest.keys():
         report.fail("fold", f"{account} has history up to #{fold[account].seq} but no balance")
 
 
-def check_double_entry(report: Report, entries: dict[str, TopicRecord], fold: dict[str, Fold]) -> None:
+def check_double_entry(report: Report, entries: dict[str, TopicRecord], fold: dict[str, Balance]) -> None:
     """P1: every transaction's legs sum to zero per currency; every currency sums to zero over all accounts."""
     tx_sums: dict[tuple[str, str, str], int] = defaultdict(int)
     for e in entries.values():
@@ -388,7 +361,7 @@ def check_double_entry(report: Report, entries: dict[str, TopicRecord], fold: di
             report.fail("P1", f"{currency} sums to {total} over all accounts")
 
 
-def check_clearing_empty(report: Report, fold: dict[str, Fold]) -> None:
+def check_clearing_empty(report: Report, fold: dict[str, Balance]) -> None:
     """P6: once quiescent, the clearing shards of each currency sum to zero (money in flight has landed)."""
     clearing: dict[str, dict[str, int]] = defaultdict(dict)
     for account, folded in fold.items():
@@ -401,23 +374,16 @@ def check_clearing_empty(report: Report, fold: dict[str, Fold]) -> None:
             report.fail("P6", f"{total} {currency} still in clearing ({detail})")
 
 
-def check_holds_settle_once(report: Report, results: Iterable[TopicRecord], fold: dict[str, Fold]) -> None:
+def check_holds_settle_once(report: Report, results: Iterable[TopicRecord], fold: dict[str, Balance]) -> None:
     """P5: each hold, in its most settled published state, ends with captured + released = amount, or is open
     with something remaining; each account's held equals the remainders of its open holds."""
-    holds: dict[str, dict] = {}
-    for r in results:
-        if r.value["duplicate"]:
-            continue
-        for h in r.value["holds"]:
-            prev = holds.get(h["hold_id"])
-            if prev is None or int(h["captured"]) + int(h["released"]) >= int(prev["captured"]) + int(prev["released"]):
-                holds[h["hold_id"]] = h
+    holds = fold_holds(r.value for r in results)
     report.counts["holds"] = len(holds)
     open_remaining: dict[str, int] = defaultdict(int)
     for hold_id, h in holds.items():
         amount, done = int(h["amount"]), int(h["captured"]) + int(h["released"])
         if h["status"] == "open":
-            open_remaining[h["account_id"]] += amount - done
+            open_remaining[h["account_id"]] += remaining(h)
             if done >= amount:
                 report.fail("P5", f"hold {hold_id} on {h['account_id']} is open with nothing remaining")
         elif done != amount:

@@ -1,0 +1,168 @@
+"""The read side's folds, in one place: history -> balance views, results -> hold states, kinds -> status,
+shards -> the reported view of a system account, a transaction's entries and results -> its status.
+
+Pure: no database, no Kafka, no clock. `rebuild-balances` (projections/rebuild.py), the oracles
+(projections/verify.py), the read store (projections/store.py), the API (projections/api.py) and the demo
+(connectors/demo.py) all call these, so "the balance history says" and "the state of a hold" mean one
+thing everywhere.
+
+Records are the decoded wire dicts of the history, balances and results topics (amounts as decimal strings)
+or the read store's rows of the same fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping
+
+from streams import routing
+from streams.core.apply import KIND_ACCOUNT_OPENED, KIND_STATUS
+
+# The account status a history entry's kind sets; every other kind (a leg, a hold change) leaves it.
+STATUS_OF_KIND = {KIND_ACCOUNT_OPENED: "open", **{kind: status.value for status, kind in KIND_STATUS.items()}}
+CLEARING = "sys:clearing:"
+
+
+# --- history -> balance views -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Balance:
+    """An account as its journal says it is after some entry: posted is the sum of the amounts so far (the
+    fold P2 and P3 speak of), held the held_after of the last entry, status from the status-changing kinds."""
+
+    account_id: str
+    currency: str
+    status: str
+    posted: int
+    held: int
+    seq: int
+    last_transaction_id: str | None
+    updated_at_ms: int
+
+    @property
+    def available(self) -> int:
+        return self.posted - self.held
+
+    def record(self) -> dict[str, Any]:
+        """The Balance record the worker publishes for this state (amounts as decimal strings)."""
+        return {"account_id": self.account_id, "currency": self.currency, "status": self.status,
+                "posted": str(self.posted), "held": str(self.held), "available": str(self.available),
+                "seq": self.seq, "last_transaction_id": self.last_transaction_id,
+                "updated_at_ms": self.updated_at_ms}
+
+
+def step(before: Balance | None, entry: Mapping[str, Any]) -> Balance:
+    """The account after one more history entry (before: None for its first entry)."""
+    if before is None:
+        before = Balance(entry["account_id"], entry["currency"], "open", 0, 0, 0, None, entry["at_ms"])
+    return Balance(entry["account_id"], entry["currency"], STATUS_OF_KIND.get(entry["kind"], before.status),
+                   before.posted + int(entry["amount"]), int(entry["held_after"]), entry["seq"],
+                   entry["transaction_id"] or before.last_transaction_id, entry["at_ms"])
+
+
+def walk(journal: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Mapping[str, Any], Balance]]:
+    """Each entry of one account's journal (in seq order) with the account as it stands after it."""
+    state = None
+    for entry in journal:
+        state = step(state, entry)
+        yield entry, state
+
+
+def fold_journal(journal: Iterable[Mapping[str, Any]]) -> Balance:
+    """The account after the last entry of its journal (in seq order, at least one entry)."""
+    state = None
+    for _, state in walk(journal):
+        pass
+    assert state is not None, "an empty journal has no balance"
+    return state
+
+
+def journals(history: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Each account's entries in seq order, each entry once (by entry id, its first publication: a worker
+    re-emits identical entries after a crash)."""
+    seen: set[str] = set()
+    by_account: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in history:
+        if entry["entry_id"] in seen:
+            continue
+        seen.add(entry["entry_id"])
+        by_account.setdefault(entry["account_id"], []).append(entry)
+    for items in by_account.values():
+        items.sort(key=lambda v: v["seq"])
+    return by_account
+
+
+def fold_history(history: Iterable[Mapping[str, Any]]) -> dict[str, Balance]:
+    """The latest balance of every account with history."""
+    return {account: fold_journal(items) for account, items in journals(history).items()}
+
+
+# --- results -> hold states ---------------------------------------------------------------------------------
+def hold_progress(hold: Mapping[str, Any]) -> tuple[bool, int, int]:
+    """How far a hold has got: ended beats open, then more captured + released, then the later result. A
+    total order on the states of one hold, so the state kept does not depend on the order results are read
+    in (they are keyed by command, so one hold's states may sit in different partitions)."""
+    return hold["status"] != "open", int(hold["captured"]) + int(hold["released"]), hold["updated_at_ms"]
+
+
+def newer_hold(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The more settled of two states of one hold (new on a tie)."""
+    return new if old is None or hold_progress(new) >= hold_progress(old) else old
+
+
+def fold_holds(results: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The most settled state of each hold the results mention, with `updated_at_ms` = the log time of the
+    result that carried it. Duplicates (a retry answered again) are skipped: they repeat an earlier state."""
+    holds: dict[str, dict[str, Any]] = {}
+    for result in results:
+        if result["duplicate"]:
+            continue
+        for h in result["holds"]:
+            holds[h["hold_id"]] = newer_hold(holds.get(h["hold_id"]), {**h, "updated_at_ms": result["at_ms"]})
+    return holds
+
+
+def remaining(hold: Mapping[str, Any]) -> int:
+    return int(hold["amount"]) - int(hold["captured"]) - int(hold["released"])
+
+
+# --- shards -> the reported view ----------------------------------------------------------------------------
+def sum_shards(shards: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """An account as users see it from its balance rows: one row for a user account, one per shard for a
+    system account (summed; its seq is the sum of the shards' seqs, so it still grows by one per change).
+    The newest shard (by update time, then seq) gives the currency, last transaction and update time."""
+    assert shards, "a view needs at least one balance row"
+    newest = max(shards, key=lambda s: (s["updated_at_ms"], s["seq"]))
+    return {"currency": newest["currency"], "status": newest["status"] if len(shards) == 1 else "open",
+            "posted": sum(int(s["posted"]) for s in shards), "held": sum(int(s["held"]) for s in shards),
+            "available": sum(int(s["available"]) for s in shards), "seq": sum(s["seq"] for s in shards),
+            "shards": len(shards), "last_transaction_id": newest["last_transaction_id"],
+            "updated_at_ms": newest["updated_at_ms"]}
+
+
+def group_shards(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Balance rows grouped by the account users see (a shard `sys:x:CUR@n` under `sys:x:CUR`)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(routing.unsharded(row["account_id"]), []).append(row)
+    return groups
+
+
+# --- a transaction's status ---------------------------------------------------------------------------------
+def in_clearing(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Money a transaction's entries left in clearing, per currency (0 once every credit landed)."""
+    sums: dict[str, int] = {}
+    for e in entries:
+        if routing.unsharded(e["account_id"]).startswith(CLEARING):
+            sums[e["currency"]] = sums.get(e["currency"], 0) + int(e["amount"])
+    return sums
+
+
+def transaction_status(entries: list[Mapping[str, Any]], results: list[Mapping[str, Any]]) -> str:
+    """posted, in_flight (money still in clearing), returned (a credit could not apply and the money went back
+    to the payer), rejected, or pending (no leg and no rejection yet), from the transaction's history entries
+    and the results under its id (engine steps included)."""
+    if not any(e["amount"] != "0" for e in entries):
+        rejected = any(r["client_id"] != routing.ENGINE_CLIENT and r["outcome"] == "rejected" for r in results)
+        return "rejected" if rejected else "pending"
+    if any(r["command_id"].endswith("~return") for r in results):
+        return "returned"
+    return "in_flight" if any(in_clearing(entries).values()) else "posted"
