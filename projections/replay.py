@@ -2,14 +2,16 @@
 
 A rebuild starts from offset 0 (or given offsets, or the offsets of a timestamp) and stops at fixed end
 offsets, so the result is a function of a fixed prefix of the log. To compare with a live store that keeps
-moving, replay first reads the live store's offsets and account digests in one read transaction (one
-snapshot: rows and offsets of the same instant), then rebuilds up to exactly those offsets and compares
-canonical hashes. On a mismatch it names the first differing account (in account id order). The stores may
-be SQLite or PostgreSQL, even one of each: the hash covers values, not the database.
+moving, replay first reads the live store's offsets and digests in one read transaction (one snapshot:
+rows and offsets of the same instant), then rebuilds up to exactly those offsets and compares canonical
+hashes. The hash covers every table of the projection (balance rows, account views, currency sums, history,
+results, holds; `projections.store.HASHED` says which columns and why the bookkeeping is left out). On a
+mismatch it names the first difference: an account, a currency, a command's result or a hold. The stores
+may be SQLite or PostgreSQL, even one of each: the hash covers values, not the database.
 
 Caveat: balances is a compacted topic. Compaction only removes a record after a newer one of the same key
 (min.compaction.lag.ms 60 s), so a rebuild reaching the live offsets sees the same latest rows, unless the
-newer record lies beyond the live offsets; the hash then names that account. Compare a caught-up store.
+newer record lies beyond the live offsets; the comparison then names that account. Compare a caught-up store.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from projections import db
 from projections.projector import Projector, TopicPartitionKey
-from projections.store import TOPICS, Store, account_digests, digests_hash, first_difference, projection_hash
+from projections.store import TOPICS, DigestKey, Store, digests, digests_hash, first_difference, projection_hash
 from streams.config import Settings
 
 
@@ -44,7 +46,7 @@ class ReplayResult:
 class Comparison:
     live_hash: str
     rebuilt_hash: str
-    first_difference: str | None  # account id, None when equal
+    first_difference: DigestKey | None  # (account, currency, result or hold; its id), None when equal
 
     @property
     def equal(self) -> bool:
@@ -149,22 +151,22 @@ def _bar(enabled: bool):
                     TimeRemainingColumn(), disable=not enabled)
 
 
-def snapshot(live: str | Path) -> tuple[dict[TopicPartitionKey, int], dict[str, str]]:
-    """The offsets and account digests of a live store at one instant (one read transaction), while the
+def snapshot(live: str | Path) -> tuple[dict[TopicPartitionKey, int], dict[DigestKey, str]]:
+    """The offsets and digests of a live store at one instant (one read transaction), while the
     projector goes on writing."""
     store = Store(live, readonly=True)
     try:
         with db.transaction(store.conn, snapshot=True):
-            return store.offsets(), dict(account_digests(store.conn))
+            return store.offsets(), dict(digests(store.conn))
     finally:
         store.close()
 
 
-def compare(live: dict[str, str], rebuilt: str | Path) -> Comparison:
+def compare(live: dict[DigestKey, str], rebuilt: str | Path) -> Comparison:
     """The live digests (from `snapshot`) against a rebuilt store."""
     store = Store(rebuilt, readonly=True)
     try:
-        ours = dict(account_digests(store.conn))
+        ours = dict(digests(store.conn))
     finally:
         store.close()
     live_hash, rebuilt_hash = digests_hash(sorted(live.items())), digests_hash(sorted(ours.items()))
@@ -231,7 +233,7 @@ def measure(settings: Settings, pg_url: str | None = None) -> dict[str, float]:
 def run_cli(settings: Settings, into: str | None, against: str | None, from_offsets: str | None,
             from_time: str | None, progress: bool = True) -> int:
     """`ledger replay`: 0 when the rebuilt projection equals the live one (or no comparison was asked),
-    1 on a mismatch (naming the first differing account), 2 on bad arguments."""
+    1 on a mismatch (naming the first difference), 2 on bad arguments."""
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -268,5 +270,5 @@ def run_cli(settings: Settings, into: str | None, against: str | None, from_offs
         console.print(f"[green]OK[/]: rebuilt projection equals {db.display(against)} ({cmp.live_hash})")
         return 0
     console.print(f"[red]MISMATCH[/]: live {cmp.live_hash} != rebuilt {cmp.rebuilt_hash}; "
-                  f"first differing account: {cmp.first_difference}")
+                  "first differing {}: {}".format(*cmp.first_difference))
     return 1

@@ -81,8 +81,6 @@ CREATE INDEX IF NOT EXISTS holds_account ON holds (account_id, status);
 HISTORY_FIELDS = ("account_id", "seq", "entry_id", "currency", "amount", "posted_after", "held_after",
                   "transaction_id", "kind", "reference", "hold_id", "occurred_at_ms", "at_ms", "command_id",
                   "client_id")
-ACCOUNT_FIELDS = ("account_id", "currency", "status", "posted", "held", "available", "seq",
-                  "last_transaction_id", "updated_at_ms")
 RESULT_COLUMNS = ("client_id", "command_id", "outcome", "reason", "detail", "transaction_id", "at_ms", "holds")
 HOLD_COLUMNS = ("hold_id", "account_id", "amount", "captured", "released", "status", "expires_at_ms",
                 "updated_at_ms")
@@ -387,42 +385,72 @@ class Store:
 
 
 # --- canonical hash (P7) ------------------------------------------------------------------------------------
-def account_digests(conn: Connection) -> Iterator[tuple[str, str]]:
-    """(account_id, sha256 of its balance row and every history entry), in account id order.
+# What replay hashes: every table of the projection, every column but two that record how the rows were
+# applied rather than what the topics say (`version`: the batch that wrote the row; `nonzero_since_ms`: a
+# batch shows only its last state, so it depends on where batches begin and end). Not hashed at all: the
+# bookkeeping tables, meta (store version, topic prefix), offsets (where the projector is: replay compares
+# stores at equal offsets) and end_offsets (what the projector last saw of the topics, for the lag).
+BOOKKEEPING = ("meta", "offsets", "end_offsets")
+UNHASHED = ("version", "nonzero_since_ms")
+HASHED = {
+    "accounts": tuple(c for c in ACCOUNT_COLUMNS if c not in UNHASHED),
+    "account_views": tuple(c for c in VIEW_COLUMNS if c not in UNHASHED),
+    "currency_sums": ("currency", "posted"),
+    "history": HISTORY_FIELDS,
+    "results": RESULT_COLUMNS,
+    "holds": HOLD_COLUMNS,
+}
+DigestKey = tuple[str, str]  # (what: account, currency, result or hold; its id)
 
-    The account rows are the published shards (not the derived views) and the history entries all their
-    fields, each as canonical JSON, so two stores hash equal exactly when they project the same records
-    (whichever database holds them: both return ints and strings for the same rows).
-    """
-    accounts = {r["account_id"]: r for r in conn.execute(
-        f"SELECT {', '.join(ACCOUNT_FIELDS)} FROM accounts")}
-    history = conn.execute(f"SELECT {', '.join(HISTORY_FIELDS)} FROM history ORDER BY account_id, seq")
+
+def _digest(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+
+
+def _rows(conn: Connection, table: str) -> Iterator[list]:
+    for row in conn.execute(f"SELECT {', '.join(HASHED[table])} FROM {table}"):
+        yield [row[c] for c in HASHED[table]]
+
+
+def digests(conn: Connection) -> Iterator[tuple[DigestKey, str]]:
+    """((what, id), sha256) for everything the store projects, in key order:
+    - ("account", id): its balance row (a shard's or an account's, as published), its reported view (system
+      accounts: the base id sums the shards) and every history entry, so a mismatch names the account;
+    - ("currency", code): Σ posted; ("result", "client_id/command_id"): the decision; ("hold", id): its state.
+    Each as canonical JSON of values, so two stores hash equal exactly when they project the same records,
+    whichever database holds them (both return ints and strings for the same rows)."""
+    accounts = {r[0]: r for r in _rows(conn, "accounts")}
+    views = {r[0]: r for r in _rows(conn, "account_views")}
     entries: dict[str, list] = defaultdict(list)
-    for r in history:
-        entries[r["account_id"]].append([r[f] for f in HISTORY_FIELDS])
-    for account_id in sorted(set(accounts) | set(entries)):
-        row = accounts.get(account_id)
-        doc = {"account": None if row is None else [row[f] for f in ACCOUNT_FIELDS],
-               "history": entries.get(account_id, [])}
-        yield account_id, hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+    for r in _rows(conn, "history"):
+        entries[r[0]].append(r)
+    keyed: list[tuple[DigestKey, str]] = []
+    for account_id in set(accounts) | set(views) | set(entries):
+        doc = {"account": accounts.get(account_id), "view": views.get(account_id),
+               "history": sorted(entries.get(account_id, []), key=lambda e: e[1])}
+        keyed.append((("account", account_id), _digest(doc)))
+    keyed += [(("currency", r[0]), _digest(r)) for r in _rows(conn, "currency_sums")]
+    keyed += [(("result", f"{r[0]}/{r[1]}"), _digest(r)) for r in _rows(conn, "results")]
+    keyed += [(("hold", r[0]), _digest(r)) for r in _rows(conn, "holds")]
+    yield from sorted(keyed)
 
 
-def digests_hash(digests: Iterable[tuple[str, str]]) -> str:
-    """One hash over account digests given in account id order."""
+def digests_hash(items: Iterable[tuple[DigestKey, str]]) -> str:
+    """One hash over digests given in key order."""
     total = hashlib.sha256()
-    for account_id, digest in digests:
-        total.update(f"{account_id}\0{digest}\n".encode())
+    for (what, key), digest in items:
+        total.update(f"{what}\0{key}\0{digest}\n".encode())
     return total.hexdigest()
 
 
 def projection_hash(conn: Connection) -> str:
-    """One hash over every account digest of a store (sorted by account id)."""
-    return digests_hash(account_digests(conn))
+    """One hash over everything a store projects (see HASHED)."""
+    return digests_hash(digests(conn))
 
 
-def first_difference(left: Mapping[str, str], right: Mapping[str, str]) -> str | None:
-    """The first account id (in sorted order) whose digest differs between two stores, else None."""
-    for account_id in sorted(set(left) | set(right)):
-        if left.get(account_id) != right.get(account_id):
-            return account_id
+def first_difference(left: Mapping[DigestKey, str], right: Mapping[DigestKey, str]) -> DigestKey | None:
+    """The first (what, id) in key order whose digest differs between two stores, else None."""
+    for key in sorted(set(left) | set(right)):
+        if left.get(key) != right.get(key):
+            return key
     return None
