@@ -28,7 +28,7 @@ from streams import routing
 from streams.config import Settings
 from streams.limits import echo_ids
 
-ENGINE_CLIENT = "ledger"
+ENGINE_CLIENT = routing.ENGINE_CLIENT  # the client id of engine steps (follow-ups between partitions)
 MAX_MESSAGES = 200  # violations (and notes) kept in a report; the counts go on
 
 CommandKey = tuple[str, str]  # (client_id, command_id)
