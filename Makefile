@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-core soak clean fuzz
+.PHONY: install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-core soak clean mutate fuzz
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -39,6 +39,15 @@ test: install
 
 test-core: $(STAMP)
 	$(BIN)/pytest -q tests/core
+
+# Mutation testing of the pure core and the partition shell against the broker-free tests (docs/testing.md);
+# not part of `make test`. Prints the score per area and the surviving mutants.
+$(VENV)/.installed-mutate: $(STAMP)
+	$(BIN)/pip install -q -e '.[test,mutate]'
+	@touch $@
+
+mutate: $(VENV)/.installed-mutate
+	$(BIN)/python scripts/mutate.py
 
 # A long seeded fuzz run of the commands topic against a real worker (tests/adversary.py, scripts/fuzz.py):
 # records sent by class, results, dead letters, worker exits (must be 0) and verify's verdict.

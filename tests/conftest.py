@@ -1,8 +1,18 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from tests.harness import Worker, bootstrap, drop, fresh_settings
+
+# `make mutate` runs the broker-free tests once per mutant with HYPOTHESIS_PROFILE=mutation: fewer examples
+# (see tests/core/budget.py), always the same ones (derandomize) and no example database, so a mutant's verdict
+# does not depend on what an earlier run found. Without the variable nothing changes.
+hypothesis_settings.register_profile("mutation", derandomize=True, database=None, deadline=None, max_examples=25)
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    hypothesis_settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from streams.core import (
     format_amount,
     parse_amount,
 )
+from tests.core.budget import examples
 
 USD = DEFAULT_CURRENCIES.get("USD")
 JPY = DEFAULT_CURRENCIES.get("JPY")
@@ -110,14 +111,14 @@ def test_registry() -> None:
         ("USD", 2), ("EUR", 2), ("JPY", 0), ("BTC", 8), ("USDT", 6), ("ETH", 18)]
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(minor=st.integers(-MAX_ABS_AMOUNT, MAX_ABS_AMOUNT), scale=st.integers(0, 36))
 def test_format_then_parse_round_trips(minor: int, scale: int) -> None:
     currency = Currency("X", scale)
     assert parse_amount(format_amount(minor, currency), currency) == minor
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(minor=st.integers(-MAX_ABS_AMOUNT, MAX_ABS_AMOUNT), scale=st.integers(0, 36), pad=st.integers(0, 5))
 def test_parse_accepts_padding_zeros_and_refuses_extra_digits(minor: int, scale: int, pad: int) -> None:
     currency = Currency("X", scale)
@@ -128,7 +129,7 @@ def test_parse_accepts_padding_zeros_and_refuses_extra_digits(minor: int, scale:
     assert parse_amount(extra, currency) is Rejection.PRECISION_EXCEEDED
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(text=st.text(max_size=30), scale=st.integers(0, 18))
 def test_parse_never_crashes_and_results_are_exact(text: str, scale: int) -> None:
     currency = Currency("X", scale)

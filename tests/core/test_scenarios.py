@@ -386,3 +386,53 @@ def test_with_legs_is_replace_of_the_legs_and_nothing_else() -> None:
     assert {f.name for f in dataclasses.fields(PostTransaction)} == {
         "command_id", "client_id", "at_ms", "transaction_id", "legs", "kind", "reference", "links", "metadata",
         "occurred_at_ms", "rate_snapshot_id"}, "a new field: add it to PostTransaction.with_legs"
+
+
+# Money an open hold reserves cannot be spent by a plain transfer (P2, P5). One script per decision path: the fast
+# path takes plain two-leg transfers; metadata, a third leg or a leg currency send a transaction through the
+# general rules. Each script also pins the floor: spending exactly the available amount is accepted.
+HELD = """
+open world:USD USD neg               | ok
+open a:USD USD                       | ok
+open b:USD USD                       | ok
+open c:USD USD                       | ok
+transfer d1 world:USD->a:USD 100     | ok | a:USD=100/0
+hold h1 a:USD 60                     | ok | a:USD=100/60
+"""
+
+
+@pytest.mark.parametrize("spend", [
+    pytest.param("transfer t1 a:USD->b:USD {}", id="fast-path"),
+    pytest.param("transfer t1 a:USD->b:USD {} meta=desk:7", id="general-metadata"),
+    pytest.param("tx t1 a:USD=-{} b:USD=10 c:USD={}", id="general-three-legs"),
+    pytest.param("tx t1 a:USD=-{}:USD b:USD={}", id="general-leg-currency"),
+])
+def test_a_transfer_cannot_spend_money_an_open_hold_reserves(spend: str) -> None:
+    def line(amount: int) -> str:
+        credit = amount - 10 if "c:USD" in spend else amount
+        return spend.format(amount, credit)
+    run(HELD + f"""
+{line(50)}                           | insufficient_funds | a:USD=100/60
+{line(41)}                           | insufficient_funds | a:USD=100/60
+{line(40)} id=c-exact                | ok                 | a:USD=60/60
+release h1                           | ok                 | a:USD=60/0
+{line(50).replace("t1", "t2")}       | ok                 | a:USD=10/0
+""")
+
+
+@pytest.mark.parametrize("spend", [
+    pytest.param("transfer t1 o:USD->b:USD {}", id="fast-path"),
+    pytest.param("tx t1 o:USD=-{} b:USD=10 c:USD={}", id="general-three-legs"),
+])
+def test_the_overdraft_limit_counts_held_money(spend: str) -> None:
+    """available = posted - held >= -overdraft_limit: with 100 posted, 60 held and a 10 overdraft, 50 can go."""
+    def line(amount: int) -> str:
+        return spend.format(amount, amount - 10)
+    run(HELD + f"""
+open o:USD USD overdraft=10          | ok
+transfer d2 world:USD->o:USD 100     | ok | o:USD=100/0
+hold h2 o:USD 60                     | ok | o:USD=100/60
+{line(51)}                           | insufficient_funds | o:USD=100/60
+{line(50)}                           | ok                 | o:USD=50/60
+hold h3 o:USD 1                      | insufficient_funds | o:USD=50/60
+""")

@@ -36,6 +36,7 @@ from streams.core import (
     format_amount,
     parse_amount,
 )
+from tests.core.budget import examples
 
 ACCOUNTS = ["u1:USD", "u2:USD", "sys:USD", "u1:BTC", "sys:BTC", "u3:JPY", "ghost"]
 HOLDS = ["h1", "h2", "h3", "h4", "ghost-hold"]
@@ -58,7 +59,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self.holds: dict[str, dict] = {}
         self.inbox: dict[tuple[str, str], tuple[object, object]] = {}  # key -> (command without at_ms, result)
         self.sent: list = []  # every command sent, for redeliveries and conflicts
+        # P4, counted from what the core wrote, for every send (redeliveries and conflicts included): how many
+        # sends of each command key changed an account, a hold or the history; and the history entries of each
+        # transaction the core accepted.
         self.effects: dict[tuple[str, str], int] = {}
+        self.entries_by_tx: dict[str, int] = {}
 
     # ----------------------------------------------------------------------------------------------- model
     def _expected(self, cmd) -> R | None:
@@ -193,6 +198,8 @@ class LedgerMachine(RuleBasedStateMachine):
         before = dict(self.state.accounts)
         result, changes = execute(self.state, cmd, DEFAULT_CURRENCIES)
         self.state.commit(changes)
+        wrote = bool(changes.accounts or changes.holds or changes.history)
+        self.effects[key] = self.effects.get(key, 0) + wrote
         if seen is not None:
             original_payload, original = seen
             assert changes.is_empty and self.state.accounts == before
@@ -207,7 +214,6 @@ class LedgerMachine(RuleBasedStateMachine):
         assert not result.duplicate
         self.inbox[key] = (payload, result)
         if result.accepted:
-            self.effects[key] = self.effects.get(key, 0) + 1
             self._model_apply(cmd)
             for event in result.events:
                 if isinstance(event, TransactionPosted):  # P1 per transaction, P6 all legs posted
@@ -218,6 +224,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     assert not any(totals.values())
                     posted = [e for e in changes.history if e.transaction_id == event.transaction_id]
                     assert len(posted) == len(event.legs)
+                    self.entries_by_tx[event.transaction_id] = len(posted)
         else:
             assert not changes.accounts and not changes.holds and not changes.history
         self.sent.append(cmd)
@@ -348,11 +355,16 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def p4_each_command_takes_effect_at_most_once(self) -> None:
-        assert all(count == 1 for count in self.effects.values())
-        tx_ids = [e.transaction_id for e in self.state.history if e.transaction_id is not None]
+        # At most one send per key changed anything, and exactly the accepted commands did.
+        assert all(count <= 1 for count in self.effects.values()), self.effects
+        accepted = {key for key, (_, result) in self.inbox.items() if result.accepted}
+        assert {key for key, count in self.effects.items() if count} == accepted
+        # The whole history holds each accepted transaction's legs once, and nothing of any other transaction.
         legs_by_tx: dict[str, int] = {}
-        for tx in tx_ids:
-            legs_by_tx[tx] = legs_by_tx.get(tx, 0) + 1
+        for entry in self.state.history:
+            if entry.transaction_id is not None:
+                legs_by_tx[entry.transaction_id] = legs_by_tx.get(entry.transaction_id, 0) + 1
+        assert legs_by_tx == self.entries_by_tx
         assert set(self.state.inbox) == set(self.inbox)
 
     @invariant()
@@ -387,5 +399,5 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert parse_amount(format_amount(minor, currency), currency) == minor
 
 
-LedgerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+LedgerMachine.TestCase.settings = settings(max_examples=examples(300), stateful_step_count=40, deadline=None)
 TestLedgerMachine = LedgerMachine.TestCase
