@@ -7,7 +7,7 @@ from schemas.codec import codec
 from streams import routing
 from streams.partition import PartitionProcessor
 from streams.store import MemoryStore, RocksStore
-from tests.helpers.records import N, batch, command, local_users, open_account, place_hold, transfer  # noqa: F401
+from tests.helpers.records import N, batch, command, local_users, open_account, place_hold, transfer, tx  # noqa: F401
 
 C = codec()
 
@@ -133,6 +133,31 @@ def test_retries_of_an_in_flight_transaction_in_one_batch_get_distinct_ids():
     ids = [C.decode("state", c)["command_id"] for c in changelog]
     assert len(ids) == len(set(ids)) == 3, ids
     assert [i.rsplit("~", 1)[-1] for i in ids[1:]] == ["0.1", "0.2"]
+
+
+def test_two_clients_may_use_the_same_command_id():
+    """The inbox key is (client_id, command_id) (P4): the same id from two clients is two commands, each
+    decided and answered under its own key, whether the payloads are equal or not; a retry of each is a duplicate."""
+    a, b, c = local_users(3)
+    same = lambda client: tx("pay", [(a, -100, None, None), (b, 100, None, None)], "transfer", client)
+    other = tx("pay", [(a, -30, None, None), (c, 30, None, None)], "transfer", "carol")
+    proc = PartitionProcessor(0, N, MemoryStore())
+    records = [open_account(a), open_account(b), open_account(c),
+               transfer("dep", ("sys:world:USD", -1_000), (a, 1_000)),
+               same("alice"), same("bob"), other, same("alice"), other]
+    outputs, changelog = run(proc, records)
+    results = [(o.key, C.decode("result", o.value)) for o in outputs if o.topic == "results"]
+    pay = [(key, r["client_id"], r["outcome"], r["duplicate"]) for key, r in results if r["command_id"] == "pay"]
+    assert pay == [
+        (b"alice/pay", "alice", "accepted", False),
+        (b"bob/pay", "bob", "accepted", False),
+        (b"carol/pay", "carol", "accepted", False),
+        (b"alice/pay", "alice", "accepted", True),
+        (b"carol/pay", "carol", "accepted", True),
+    ]
+    assert [proc.state.account(x).posted for x in (a, b, c)] == [1_000 - 100 - 100 - 30, 200, 30]
+    decided = [(r["client_id"], r["command_id"]) for r in (C.decode("state", x) for x in changelog)]
+    assert [k for k in decided if k[1] == "pay"] == [("alice", "pay"), ("bob", "pay"), ("carol", "pay")]
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
