@@ -105,7 +105,7 @@ def valid_traffic(rng: random.Random, partitions: int, users: int, steps: int) -
             hold, amount = f"vh-{n}", rng.randint(10, 300)
             send(f"hold:{hold}", "PlaceHold", {"hold_id": hold, "account_id": a, "amount": str(amount),
                                               "expires_at_ms": None}, a)
-            part = rng.randint(1, amount)
+            part = rng.randint(1, amount - 1)  # a rest to release
             send(f"cap-{n}", "PostTransaction", _tx_body(f"cap-{n}", [
                 {"account_id": a, "amount": str(-part), "hold_id": hold, "currency": None},
                 {"account_id": b, "amount": str(part), "hold_id": None, "currency": "USD"}]), a)
