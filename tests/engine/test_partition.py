@@ -7,7 +7,9 @@ from schemas.codec import codec
 from streams import routing
 from streams.partition import PartitionProcessor
 from streams.store import MemoryStore, RocksStore
+from tests.helpers.bus import Bus, assert_books_balance
 from tests.helpers.records import N, batch, command, local_users, open_account, place_hold, transfer, tx  # noqa: F401
+from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, TRADE, setup_trade
 
 C = codec()
 
@@ -188,3 +190,127 @@ def test_rocksdb_state_survives_reopening(tmp_path):
     assert dict(reopened.scan(b"")) == before
     assert PartitionProcessor(0, N, reopened).state.changelog_offset() == len(changelog)
     reopened.close()
+
+
+# --- across partitions (tests/helpers/bus.py delivers follow-ups in order) -----------------------------------
+def _funded_pair(bus, amount: int = 1_000) -> tuple[str, str]:
+    """An account funded with `amount` in partition 0 and an open, empty account in another partition."""
+    payer = local_users(1, partition=0)[0]
+    payee = local_users(1, partition=1)[0]
+    for account in (payer, payee):
+        bus.send(open_account(account), account)
+    bus.send(transfer("dep", ("sys:world:USD", -amount), (payer, amount)), payer)
+    bus.run()
+    return payer, payee
+
+
+def test_a_credit_in_another_partition_lands_through_clearing():
+    bus = Bus()
+    payer, payee = _funded_pair(bus)
+    bus.send(transfer("pay", (payer, -300), (payee, 300)), payer)
+    bus.run()
+    assert bus.result("pay")["outcome"] == "accepted"
+    credit = bus.result("t/pay~credit~0")
+    assert (credit["outcome"], credit["client_id"]) == ("accepted", routing.ENGINE_CLIENT)
+    assert (bus.account(payer), bus.account(payee)) == ((700, 0), (300, 0))
+    legs = {(h["account_id"], int(h["amount"])) for h in bus.history if h["transaction_id"] == "t/pay~credit~0"}
+    assert legs == {(routing.shard_of("sys:clearing:USD", 1), -300), (payee, 300)}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_credit_that_cannot_land_comes_back_to_the_payer():
+    """The payee's partition refuses the credit (account closed): a return command moves the money from its
+    clearing shard back to the payer, in the payer's partition; clearing ends at zero (P6)."""
+    bus = Bus()
+    payer, payee = _funded_pair(bus)
+    bus.send(command("close", "CloseAccount", {"account_id": payee}), payee)
+    bus.send(transfer("pay", (payer, -300), (payee, 300)), payer)
+    bus.run()
+    assert bus.result("close")["outcome"] == "accepted"
+    assert bus.result("pay")["outcome"] == "accepted"  # the debit side posted where it was decided
+    assert bus.result("t/pay~credit~0")["reason"] == "account_closed"
+    back = bus.result("t/pay~credit~0~return")
+    assert back["outcome"] == "accepted"
+    returned = [(h["account_id"], int(h["amount"]), h["kind"]) for h in bus.history
+                if h["transaction_id"] == "t/pay~credit~0~return"]
+    assert sorted(returned) == sorted([(routing.shard_of("sys:clearing:USD", 0), -300, "return"),
+                                       (payer, 300, "return")])
+    assert (bus.account(payer), bus.account(payee)) == ((1_000, 0), (0, 0))
+    assert_books_balance(bus, ("USD",))
+
+
+@pytest.mark.parametrize("kind", ["transfer", "hold"])
+def test_a_command_sent_to_the_wrong_partition_is_forwarded_unchanged(kind):
+    payer = local_users(1, partition=2)[0]
+    value = transfer("pay", (payer, -5), ("sys:world:USD", 5)) if kind == "transfer" else \
+        place_hold("h", payer, 5, None)
+    proc = PartitionProcessor(0, N, MemoryStore())
+    outputs, changelog = run(proc, [value])
+    assert changelog == []
+    (forwarded,) = outputs
+    assert (forwarded.topic, forwarded.partition, forwarded.key) == (
+        "commands", 2, routing.routing_key_for(payer).encode())
+    assert C.decode("command", forwarded.value) == C.decode("command", value)
+    # Delivered where it belongs, it is decided there like any command.
+    bus = Bus()
+    bus.send(open_account(payer), payer)
+    bus.send(transfer("dep", ("sys:world:USD", -10), (payer, 10)), payer)
+    bus.send_to(0, value)
+    bus.run()
+    command_id = "pay" if kind == "transfer" else "hold:h"
+    assert bus.result(command_id)["outcome"] == "accepted"
+    assert bus.account(payer) == ((5, 0) if kind == "transfer" else (10, 5))
+
+
+def test_a_transaction_with_debits_in_two_partitions_needs_the_currency_of_a_remote_credit():
+    """The coordinator cannot tell the currency of a credit leg in a third partition from an id like
+    user:x:FOO (FOO is no registered currency) and no leg currency: invalid_command, nothing reserved."""
+    bus = Bus()
+    setup_trade(bus)
+    stranger = next(f"user:{i}:FOO" for i in range(1_000)
+                    if routing.partition_of_account(f"user:{i}:FOO", N) not in (BUYER_P, SELLER_P))
+    legs = [(BUYER_USDT, -100, None, None), (SELLER_BTC, -5, None, None),
+            (stranger, 100, None, None), (BUYER_BTC, 5, None, "BTC")]
+    bus.send(tx("odd", legs), BUYER_USDT)
+    bus.run()
+    result = bus.result("odd")
+    assert (result["outcome"], result["reason"]) == ("rejected", "invalid_command")
+    assert result["detail"] == f"leg on {stranger} (another partition) needs its currency"
+    assert bus.account(BUYER_USDT) == (40_000_000_000, 30_000_000_000)
+    assert bus.account(SELLER_BTC) == (20_000_000, 20_000_000)
+    assert_books_balance(bus)
+
+
+def test_every_retry_of_a_transaction_in_flight_is_answered_once_it_is_decided():
+    bus = Bus()
+    setup_trade(bus)
+    for _ in range(3):
+        bus.send(tx("fill-1", TRADE), BUYER_USDT)
+    bus.run()
+    answers = [(r["outcome"], r["duplicate"]) for r in bus.results if r["command_id"] == "fill-1"]
+    assert answers == [("accepted", False), ("accepted", True), ("accepted", True)]
+    assert bus.account(BUYER_USDT) == (28_020_000_000, 18_020_000_000), "the fill posted once"
+    assert_books_balance(bus)
+
+
+def test_a_refused_credit_side_aborts_and_frees_every_reservation():
+    """Every partition reserved, but the coordinator's own credit leg is refused (the buyer's BTC account is
+    closed): the transaction is rejected with that reason, the reservations are released in both partitions
+    and the holds they locked can be released by their owners again."""
+    bus = Bus()
+    setup_trade(bus)
+    bus.send(command("close:bb", "CloseAccount", {"account_id": BUYER_BTC}), BUYER_BTC)
+    bus.send(tx("fill-1", TRADE), BUYER_USDT)
+    bus.run()
+    assert bus.result("close:bb")["outcome"] == "accepted"
+    result = bus.result("fill-1")
+    assert (result["outcome"], result["reason"]) == ("rejected", "account_closed")
+    assert bus.account(BUYER_USDT) == (40_000_000_000, 30_000_000_000)
+    assert bus.account(SELLER_BTC) == (20_000_000, 20_000_000)
+    assert bus.hold("ask", SELLER_BTC).remaining == 20_000_000
+    for hold, account in (("ask", SELLER_BTC), ("bid", BUYER_USDT)):
+        bus.send(command(f"release:{hold}", "ReleaseHold", {"hold_id": hold}), account)
+    bus.run()
+    assert bus.result("release:ask")["outcome"] == bus.result("release:bid")["outcome"] == "accepted"
+    assert (bus.account(BUYER_USDT), bus.account(SELLER_BTC)) == ((40_000_000_000, 0), (20_000_000, 0))
+    assert_books_balance(bus)
