@@ -1,12 +1,15 @@
 """The partition state machine without a broker: determinism, restore, expiry, and the store contract."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from schemas.codec import codec
-from streams import routing
+from streams import core, routing
 from streams.partition import PartitionProcessor
 from streams.store import MemoryStore, RocksStore
+from streams.wire import account_from_record, account_to_record, hold_from_record, hold_to_record
 from tests.helpers.bus import Bus, assert_books_balance
 from tests.helpers.records import N, batch, command, local_users, open_account, place_hold, transfer, tx  # noqa: F401
 from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, TRADE, setup_trade
@@ -314,3 +317,26 @@ def test_a_refused_credit_side_aborts_and_frees_every_reservation():
     assert bus.result("release:ask")["outcome"] == bus.result("release:bid")["outcome"] == "accepted"
     assert (bus.account(BUYER_USDT), bus.account(SELLER_BTC)) == ((40_000_000_000, 0), (20_000_000, 0))
     assert_books_balance(bus)
+
+
+# --- the stored records (streams/wire.py) -------------------------------------------------------------------
+@pytest.mark.parametrize("account", [
+    core.Account("user:1:USD", "USD", "user:1", core.AccountPolicy(False, 0, None), core.AccountStatus.OPEN,
+                 0, 0, 1, None, 5),
+    core.Account("user:2:ETH", "ETH", "vip", core.AccountPolicy(False, 250, 10**30), core.AccountStatus.FROZEN,
+                 -(2**100), 2**101, 9, "t9", 1_700_000_000_123),
+    core.Account("sys:world:USD@3", "USD", "sys:world", core.AccountPolicy(True, 0, None),
+                 core.AccountStatus.CLOSED, 0, 0, 2, "t2", 6),
+], ids=["plain", "every-field-set", "system-closed"])
+def test_an_account_survives_its_stored_record(account):
+    record = json.loads(json.dumps(account_to_record(account)))
+    assert account_from_record(record) == account
+
+
+@pytest.mark.parametrize("hold", [
+    core.Hold("h1", "user:1:USD", 10**25, 3, 0, core.HoldStatus.OPEN, 1_700_000_000_999, ("t1", "t2")),
+    core.Hold("h2", "user:1:USD", 7, 0, 7, core.HoldStatus.EXPIRED, None, ()),
+], ids=["open-captured-twice", "expired"])
+def test_a_hold_survives_its_stored_record(hold):
+    record = json.loads(json.dumps(hold_to_record(hold)))
+    assert hold_from_record(record) == hold
