@@ -12,7 +12,7 @@ from streams.store import MemoryStore, RocksStore
 from streams.wire import account_from_record, account_to_record, hold_from_record, hold_to_record
 from tests.helpers.bus import Bus, assert_books_balance
 from tests.helpers.records import N, batch, command, local_users, open_account, place_hold, transfer, tx  # noqa: F401
-from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, TRADE, setup_trade
+from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, SELLER_USDT, TRADE, setup_trade
 
 C = codec()
 
@@ -340,3 +340,82 @@ def test_an_account_survives_its_stored_record(account):
 def test_a_hold_survives_its_stored_record(hold):
     record = json.loads(json.dumps(hold_to_record(hold)))
     assert hold_from_record(record) == hold
+
+
+# --- why a spanning transaction is refused: each participant's reservation rules -------------------------------
+def _trade_with(legs_change: dict[int, tuple]) -> list[tuple]:
+    legs = list(TRADE)
+    for index, leg in legs_change.items():
+        legs[index] = leg
+    return legs
+
+
+@pytest.mark.parametrize("prepare, change, reason", [
+    pytest.param(lambda bus: None, {3: (SELLER_BTC, -20_000_000, "nope", None)}, "unknown_hold", id="unknown-hold"),
+    pytest.param(lambda bus: bus.send(command("rel", "ReleaseHold", {"hold_id": "ask"}), SELLER_BTC), {},
+                 "hold_not_open", id="hold-released"),
+    pytest.param(lambda bus: bus.send(command("frz", "FreezeAccount", {"account_id": SELLER_BTC}), SELLER_BTC), {},
+                 "account_frozen", id="account-frozen"),
+    pytest.param(lambda bus: None, {3: (SELLER_BTC, -20_000_001, "ask", None), 4: (BUYER_BTC, 19_980_001, None, "BTC")},
+                 "capture_exceeds_hold", id="beyond-the-hold"),
+    pytest.param(lambda bus: None, {3: (SELLER_BTC, -20_000_000, "ask", "USDT")}, "currency_mismatch",
+                 id="leg-currency"),
+    pytest.param(lambda bus: None, {3: ("user:nobody:BTC", -20_000_000, None, None)}, "unknown_account",
+                 id="unknown-account"),
+])
+def test_a_participant_that_cannot_reserve_refuses_the_whole_transaction(prepare, change, reason):
+    bus = Bus()
+    setup_trade(bus)
+    prepare(bus)
+    bus.run()
+    legs = _trade_with(change)
+    if change.get(3, ("",))[0] == "user:nobody:BTC":  # its partition must differ from the buyer's
+        assert routing.partition_of_account("user:nobody:BTC", N) != BUYER_P
+    bus.send(tx("fill-1", legs), BUYER_USDT)
+    bus.run()
+    result = bus.result("fill-1")
+    assert (result["outcome"], result["reason"]) == ("rejected", reason), result
+    assert bus.account(BUYER_USDT) == (40_000_000_000, 30_000_000_000), "the buyer's reservation was released"
+    assert bus.hold("bid", BUYER_USDT).remaining == 30_000_000_000
+    assert_books_balance(bus)
+
+
+def test_an_expired_hold_cannot_be_reserved():
+    bus = Bus()
+    setup_trade(bus, ask_expires_at_ms=bus.clock + 1_000)
+    bus.send(tx("fill-1", TRADE), BUYER_USDT, at_ms=bus.clock + 5_000)
+    bus.run()
+    # The partition expires the hold by log time before it decides the Reserve: the hold has ended.
+    assert (bus.result("fill-1")["reason"], bus.result("fill-1")["detail"]) == ("hold_not_open", "hold ask is expired")
+    assert bus.account(BUYER_USDT) == (40_000_000_000, 30_000_000_000)
+    assert_books_balance(bus)
+
+
+def test_the_most_urgent_refusal_of_several_participants_is_the_answer():
+    """Both partitions refuse: the buyer's hold does not exist (unknown_hold) and the seller's capture exceeds
+    its hold (capture_exceeds_hold); the result names unknown_hold, the higher precedence."""
+    bus = Bus()
+    setup_trade(bus, ask=10_000_000)
+    legs = _trade_with({0: (BUYER_USDT, -11_980_000_000, "nope", None)})
+    bus.send(tx("fill-1", legs), BUYER_USDT)
+    bus.run()
+    assert bus.result("fill-1")["reason"] == "unknown_hold"
+    assert_books_balance(bus)
+
+
+def test_a_participant_with_two_plain_debits_reserves_both_or_neither():
+    """The buyer's partition must reserve USDT (enough) and BTC (none there): the USDT reservation it placed
+    first is released again, and the whole transaction is refused insufficient_funds."""
+    bus = Bus()
+    setup_trade(bus)
+    legs = [(BUYER_USDT, -100, None, None), (BUYER_BTC, -1, None, None), (SELLER_BTC, -5, None, None),
+            (SELLER_USDT, 100, None, "USDT"), ("sys:fees:BTC", 6, None, None)]
+    bus.send(tx("swap", legs, kind="swap"), BUYER_USDT)
+    bus.run()
+    assert bus.result("swap")["reason"] == "insufficient_funds"
+    assert bus.account(BUYER_USDT) == (40_000_000_000, 30_000_000_000)
+    assert bus.account(SELLER_BTC) == (20_000_000, 20_000_000)
+    assert not [h for h in bus.history if (h["hold_id"] or "").startswith("~") and h["kind"] == "hold_placed"
+                and h["account_id"] == BUYER_USDT and not any(
+                    r["hold_id"] == h["hold_id"] and r["kind"] == "hold_released" for r in bus.history)]
+    assert_books_balance(bus)
