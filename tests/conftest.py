@@ -11,8 +11,8 @@ from tests.harness import Worker, bootstrap, drop, fresh_settings
 # (see tests/core/budget.py), always the same ones (derandomize) and no example database, so a mutant's verdict
 # does not depend on what an earlier run found. Without the variable nothing changes.
 hypothesis_settings.register_profile("mutation", derandomize=True, database=None, deadline=None, max_examples=25)
-if os.environ.get("HYPOTHESIS_PROFILE"):
-    hypothesis_settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
+if os.environ.get("HYPOTHESIS_PROFILE") == "mutation":
+    hypothesis_settings.load_profile("mutation")
 
 
 @pytest.fixture(scope="session")
