@@ -95,6 +95,42 @@ def fold_history(history: Iterable[Mapping[str, Any]]) -> dict[str, Balance]:
     return {account: fold_journal(items) for account, items in journals(history).items()}
 
 
+# --- history -> balances as of a time -----------------------------------------------------------------------
+def as_of_ms(journal: Iterable[Mapping[str, Any]], at_ms: int) -> tuple[int, int]:
+    """(posted, held) of one account at a time, from its journal (any order, each entry once): posted is the
+    sum of the amounts whose business time `occurred_at_ms` is at or before it (back-dated entries count where
+    they belong); held, having no business time, is the held_after of the last entry (by seq) recorded by then
+    (log time `at_ms`), 0 before the first. The definition the read store's indexed answer is checked against."""
+    posted, last_seq, held = 0, None, 0
+    for e in journal:
+        if e["occurred_at_ms"] <= at_ms:
+            posted += int(e["amount"])
+        if e["at_ms"] <= at_ms and (last_seq is None or e["seq"] > last_seq):
+            last_seq, held = e["seq"], int(e["held_after"])
+    return posted, held
+
+
+def by_time(journal: Iterable[Mapping[str, Any]]) -> dict[int, tuple[int, int]]:
+    """seq -> (posted_by_time, held_by_time) for one account's journal (each entry once): the prefix folds
+    the read store keeps on every history row so that `as_of_ms` is one index lookup.
+    - posted_by_time: Σ amounts of the entries at or before this one in business-time order
+      (occurred_at_ms, seq): as_of_ms's posted is the value of the last entry with occurred_at_ms <= T;
+    - held_by_time: held_after of the highest seq among the entries at or before this one in log-time order
+      (at_ms, seq): as_of_ms's held is the value of the last entry with at_ms <= T."""
+    entries = list(journal)
+    out: dict[int, list] = {e["seq"]: [0, 0] for e in entries}
+    posted = 0
+    for e in sorted(entries, key=lambda e: (e["occurred_at_ms"], e["seq"])):
+        posted += int(e["amount"])
+        out[e["seq"]][0] = posted
+    best_seq, held = None, 0
+    for e in sorted(entries, key=lambda e: (e["at_ms"], e["seq"])):
+        if best_seq is None or e["seq"] > best_seq:
+            best_seq, held = e["seq"], int(e["held_after"])
+        out[e["seq"]][1] = held
+    return {seq: (p, h) for seq, (p, h) in out.items()}
+
+
 # --- results -> hold states ---------------------------------------------------------------------------------
 def hold_progress(hold: Mapping[str, Any]) -> tuple[bool, int, int]:
     """How far a hold has got: ended beats open, then more captured + released, then the later result. A

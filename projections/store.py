@@ -30,6 +30,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from projections import db
 from projections.db import Connection, transaction
+from projections import fold
 from projections.fold import fold_holds, newer_hold, sum_shards
 from streams import routing
 
@@ -62,9 +63,13 @@ CREATE TABLE IF NOT EXISTS currency_sums (currency TEXT PRIMARY KEY, posted TEXT
 CREATE TABLE IF NOT EXISTS history (account_id TEXT NOT NULL, seq BIGINT NOT NULL, entry_id TEXT NOT NULL,
     currency TEXT NOT NULL, amount TEXT NOT NULL, posted_after TEXT NOT NULL, held_after TEXT NOT NULL,
     transaction_id TEXT, kind TEXT NOT NULL, reference TEXT, hold_id TEXT, occurred_at_ms BIGINT NOT NULL,
-    at_ms BIGINT NOT NULL, command_id TEXT NOT NULL, client_id TEXT NOT NULL, PRIMARY KEY (account_id, seq))
-    WITHOUT ROWID;
+    at_ms BIGINT NOT NULL, command_id TEXT NOT NULL, client_id TEXT NOT NULL,
+    posted_by_time TEXT NOT NULL, held_by_time TEXT NOT NULL, PRIMARY KEY (account_id, seq)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS history_transaction ON history (transaction_id) WHERE transaction_id IS NOT NULL;
+-- Balances as of a time in one lookup each (fold.by_time): the last entry at or before T in business-time
+-- order carries Σ amounts so far (posted_by_time), in log-time order the held amount then (held_by_time).
+CREATE INDEX IF NOT EXISTS history_business_time ON history (account_id, occurred_at_ms, seq);
+CREATE INDEX IF NOT EXISTS history_log_time ON history (account_id, at_ms, seq);
 -- The decision for each command (duplicates answer the original and are not stored).
 CREATE TABLE IF NOT EXISTS results (client_id TEXT NOT NULL, command_id TEXT NOT NULL, outcome TEXT NOT NULL,
     reason TEXT, detail TEXT NOT NULL, transaction_id TEXT, at_ms BIGINT NOT NULL, holds TEXT NOT NULL,
@@ -78,9 +83,17 @@ CREATE TABLE IF NOT EXISTS holds (hold_id TEXT PRIMARY KEY, account_id TEXT NOT 
 CREATE INDEX IF NOT EXISTS holds_account ON holds (account_id, status);
 """
 
+# The same DDL in two parts: a rebuild loads a fresh store's tables first and builds the secondary indexes
+# once at the end (one sort instead of an index update per row).
+SCHEMA_TABLES = ";\n".join(st for st in SCHEMA.split(";\n") if "CREATE INDEX" not in st) + ";\n"
+SCHEMA_INDEXES = ";\n".join(st.strip() for st in SCHEMA.split(";\n") if "CREATE INDEX" in st) + ";\n"
+
 HISTORY_FIELDS = ("account_id", "seq", "entry_id", "currency", "amount", "posted_after", "held_after",
                   "transaction_id", "kind", "reference", "hold_id", "occurred_at_ms", "at_ms", "command_id",
                   "client_id")
+# The prefix folds by time (fold.by_time) kept on every history row: derived from the history rows themselves.
+BY_TIME = ("posted_by_time", "held_by_time")
+HISTORY_COLUMNS = HISTORY_FIELDS + BY_TIME
 RESULT_COLUMNS = ("client_id", "command_id", "outcome", "reason", "detail", "transaction_id", "at_ms", "holds")
 HOLD_COLUMNS = ("hold_id", "account_id", "amount", "captured", "released", "status", "expires_at_ms",
                 "updated_at_ms")
@@ -100,7 +113,8 @@ def upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...], update: b
     return sql + "UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
 
 
-INSERT_HISTORY = upsert("history", HISTORY_FIELDS, ("account_id", "seq"), update=False)
+INSERT_HISTORY = upsert("history", HISTORY_COLUMNS, ("account_id", "seq"), update=False)
+SET_BY_TIME = "UPDATE history SET posted_by_time = ?, held_by_time = ? WHERE account_id = ? AND seq = ?"
 REPLACE_RESULT = upsert("results", RESULT_COLUMNS, ("client_id", "command_id"))
 KEEP_RESULT = upsert("results", RESULT_COLUMNS, ("client_id", "command_id"), update=False)
 REPLACE_HOLD = upsert("holds", HOLD_COLUMNS, ("hold_id",))
@@ -139,9 +153,21 @@ class Store:
         self.target = str(target)
         self.conn = db.connect(self.target, readonly)
         if not readonly:
-            db.create_tables(self.conn, SCHEMA)
+            db.create_tables(self.conn, SCHEMA_TABLES)
+            self._add_by_time_columns()
+            db.create_tables(self.conn, SCHEMA_INDEXES)
             if prefix is not None:
                 self._bind_prefix(prefix)
+
+    def _add_by_time_columns(self) -> None:
+        """A store written before the prefix folds by time existed gets them (computed from its history)."""
+        columns = [d[0] for d in self.conn.execute("SELECT * FROM history LIMIT 0").description]
+        if "posted_by_time" in columns:
+            return
+        with transaction(self.conn):
+            for column in BY_TIME:
+                self.conn.execute(f"ALTER TABLE history ADD COLUMN {column} TEXT NOT NULL DEFAULT '0'")
+            refold_by_time(self.conn, [r[0] for r in self.conn.execute("SELECT DISTINCT account_id FROM history")])
 
     def _bind_prefix(self, prefix: str) -> None:
         row = self.conn.execute("SELECT value FROM meta WHERE key = 'prefix'").fetchone()
@@ -177,11 +203,41 @@ class Store:
                           .fetchone()[0]) + 1
             c.execute(REPLACE_META, ("version", str(version)))
             if by_topic["history"]:
-                c.executemany(INSERT_HISTORY, [tuple(v[f] for f in HISTORY_FIELDS) for v in by_topic["history"]])
+                self._apply_history(by_topic["history"])
             self._apply_results(by_topic["results"])
             self._apply_balances(by_topic["balances"], version)
             c.executemany(ADVANCE_OFFSET, [(t, p, o) for (t, p), o in next_offsets.items()])
         return version
+
+    def _apply_history(self, entries: list[dict]) -> None:
+        """Insert new entries (a re-emitted one is already there: kept as it is) with their prefix folds by
+        time. An entry that comes after everything the account has, in seq, business time and log time (the
+        usual case), extends the folds of the account's last entries; any other (back-dated, or a gap in seq
+        filled late) has its account's folds recomputed from its history (`refold_by_time`)."""
+        by_account: dict[str, dict[int, dict]] = defaultdict(dict)
+        for v in entries:
+            by_account[v["account_id"]].setdefault(v["seq"], v)
+        tails = time_tails(self.conn, list(by_account))
+        rows, refold = [], []
+        for account_id, items in by_account.items():
+            max_seq, occ, posted, at = tails.get(account_id, (0, None, 0, None))
+            in_order = True
+            for seq in sorted(items):
+                v = items[seq]
+                occ_key, at_key = (v["occurred_at_ms"], seq), (v["at_ms"], seq)
+                if seq <= max_seq or (occ is not None and occ_key < occ) or (at is not None and at_key < at):
+                    in_order = False
+                if in_order:
+                    posted += int(v["amount"])
+                    max_seq, occ, at = seq, occ_key, at_key
+                    by_time = (str(posted), v["held_after"])
+                else:
+                    by_time = ("0", "0")  # recomputed below, after the insert
+                rows.append(tuple(v[f] for f in HISTORY_FIELDS) + by_time)
+            if not in_order:
+                refold.append(account_id)
+        self.conn.executemany(INSERT_HISTORY, rows)
+        refold_by_time(self.conn, refold)
 
     def _apply_results(self, results: list[dict]) -> None:
         rows, conflicts = [], []
@@ -312,16 +368,19 @@ class Store:
                                  (account_id, seq)).fetchone()
 
     def balance_as_of_ms(self, account_id: str, as_of_ms: int) -> tuple[int, int]:
-        """(posted, held) of an account (summed over its shards) at a time: posted is the sum of the legs with
-        business time `occurred_at_ms` <= as_of_ms (back-dated entries count where they belong); held has no
-        business time, so it is the held amount recorded (log time `at_ms`) by then."""
+        """(posted, held) of an account (summed over its shards) at a time, as `fold.as_of_ms` defines them:
+        posted is the sum of the legs with business time `occurred_at_ms` <= as_of_ms (back-dated entries count
+        where they belong); held has no business time, so it is the held amount recorded (log time `at_ms`) by
+        then. Two index lookups per shard (history_business_time, history_log_time), whatever the history's
+        length: the rows carry their prefix folds (`posted_by_time`, `held_by_time`)."""
         posted = held = 0
         for shard in [s["account_id"] for s in self.shards(account_id)] or [account_id]:
-            posted += sum(int(r[0]) for r in self.conn.execute(
-                "SELECT amount FROM history WHERE account_id = ? AND occurred_at_ms <= ?", (shard, as_of_ms)))
-            last = self.conn.execute("SELECT held_after FROM history WHERE account_id = ? AND at_ms <= ? "
-                                     "ORDER BY seq DESC LIMIT 1", (shard, as_of_ms)).fetchone()
-            held += int(last[0]) if last else 0
+            row = self.conn.execute("SELECT posted_by_time FROM history WHERE account_id = ? AND occurred_at_ms <= ? "
+                                    "ORDER BY occurred_at_ms DESC, seq DESC LIMIT 1", (shard, as_of_ms)).fetchone()
+            posted += int(row[0]) if row else 0
+            row = self.conn.execute("SELECT held_by_time FROM history WHERE account_id = ? AND at_ms <= ? "
+                                    "ORDER BY at_ms DESC, seq DESC LIMIT 1", (shard, as_of_ms)).fetchone()
+            held += int(row[0]) if row else 0
         return posted, held
 
     def holds_of(self, account_id: str, open_only: bool) -> list:
@@ -384,6 +443,54 @@ class Store:
             "GROUP BY s, outcome", (since_ms, routing.ENGINE_CLIENT))}
 
 
+# --- prefix folds by time (balances as of a time) -----------------------------------------------------------
+Tail = tuple[int, tuple[int, int] | None, int, tuple[int, int] | None]
+
+
+def time_tails(conn: Connection, accounts: list[str]) -> dict[str, Tail]:
+    """account -> (highest seq, (occurred_at_ms, seq) of its last entry in business time, that entry's
+    posted_by_time, (at_ms, seq) of its last entry in log time), for the accounts that have history."""
+    tails: dict[str, Tail] = {}
+    if conn.postgres:  # one round trip per chunk, each part an index lookup
+        for i in range(0, len(accounts), IN_CHUNK):
+            for r in conn.execute(
+                    "SELECT a.id, m.seq, o.occurred_at_ms, o.seq, o.posted_by_time, l.at_ms, l.seq "
+                    "FROM unnest(?::text[]) AS a(id) "
+                    "CROSS JOIN LATERAL (SELECT max(seq) AS seq FROM history WHERE account_id = a.id COLLATE \"C\") m "
+                    "JOIN LATERAL (SELECT occurred_at_ms, seq, posted_by_time FROM history WHERE account_id = "
+                    "a.id COLLATE \"C\" ORDER BY occurred_at_ms DESC, seq DESC LIMIT 1) o ON true "
+                    "JOIN LATERAL (SELECT at_ms, seq FROM history WHERE account_id = a.id COLLATE \"C\" "
+                    "ORDER BY at_ms DESC, seq DESC LIMIT 1) l ON true", (accounts[i:i + IN_CHUNK],)):
+                tails[r[0]] = (r[1], (r[2], r[3]), int(r[4]), (r[5], r[6]))
+        return tails
+    for account_id in accounts:  # in process: three index lookups cost microseconds
+        top = conn.execute("SELECT max(seq) FROM history WHERE account_id = ?", (account_id,)).fetchone()[0]
+        if top is None:
+            continue
+        o = conn.execute("SELECT occurred_at_ms, seq, posted_by_time FROM history WHERE account_id = ? "
+                         "ORDER BY occurred_at_ms DESC, seq DESC LIMIT 1", (account_id,)).fetchone()
+        a = conn.execute("SELECT at_ms, seq FROM history WHERE account_id = ? ORDER BY at_ms DESC, seq DESC LIMIT 1",
+                         (account_id,)).fetchone()
+        tails[account_id] = (top, (o[0], o[1]), int(o[2]), (a[0], a[1]))
+    return tails
+
+
+def refold_by_time(conn: Connection, accounts: Iterable[str]) -> int:
+    """Recompute the prefix folds by time of every history row of these accounts (after a back-dated entry
+    or a late one); O(entries of the account), only for entries that arrive out of order. Returns the rows
+    changed."""
+    changed = 0
+    for account_id in accounts:
+        rows = conn.execute("SELECT seq, amount, held_after, occurred_at_ms, at_ms, posted_by_time, held_by_time "
+                            "FROM history WHERE account_id = ?", (account_id,)).fetchall()
+        folds = fold.by_time(rows)
+        updates = [(str(p), str(h), account_id, r["seq"]) for r in rows
+                   for p, h in [folds[r["seq"]]] if (str(p), str(h)) != (r["posted_by_time"], r["held_by_time"])]
+        conn.executemany(SET_BY_TIME, updates)
+        changed += len(updates)
+    return changed
+
+
 # --- canonical hash (P7) ------------------------------------------------------------------------------------
 # What replay hashes: every table of the projection, every column but two that record how the rows were
 # applied rather than what the topics say (`version`: the batch that wrote the row; `nonzero_since_ms`: a
@@ -391,12 +498,12 @@ class Store:
 # bookkeeping tables, meta (store version, topic prefix), offsets (where the projector is: replay compares
 # stores at equal offsets) and end_offsets (what the projector last saw of the topics, for the lag).
 BOOKKEEPING = ("meta", "offsets", "end_offsets")
-UNHASHED = ("version", "nonzero_since_ms")
+UNHASHED = ("version", "nonzero_since_ms") + BY_TIME
 HASHED = {
     "accounts": tuple(c for c in ACCOUNT_COLUMNS if c not in UNHASHED),
     "account_views": tuple(c for c in VIEW_COLUMNS if c not in UNHASHED),
     "currency_sums": ("currency", "posted"),
-    "history": HISTORY_FIELDS,
+    "history": HISTORY_FIELDS,  # BY_TIME: derived from these columns, an index rather than a projection
     "results": RESULT_COLUMNS,
     "holds": HOLD_COLUMNS,
 }
