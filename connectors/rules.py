@@ -40,7 +40,8 @@ Rounding = Literal["exact", "down", "up"]
 DEFAULT_CLIENT_ID = "rules"
 # Rejections that mean "too early, the command it depends on has not been applied yet".
 ORDERING_REASONS = frozenset({"unknown_hold", "unknown_account"})
-# Rejections the engine does not remember: resend the same command (same attempt) later.
+# Rejections that mean "try again later": the engine remembers every decision, so a later try is the next
+# attempt (a new command id), like an ordering rejection.
 TRANSIENT_REASONS = frozenset({"in_flight"})
 
 
@@ -687,14 +688,13 @@ def next_attempt(event: Event, result: dict[str, Any]) -> Event | None:
     """What to send after a definitive result: the same event (transient), the next attempt, or nothing.
 
     ``result`` is a decoded Result record. Accepted, duplicate of an acceptance, or a business rejection
-    (insufficient funds, hold not open, ...): None. ``in_flight`` (not remembered): the same event again.
-    ``unknown_hold`` / ``unknown_account`` (the command overtook the one it depends on): attempt + 1.
+    (insufficient funds, hold not open, ...): None. ``in_flight`` (too many transactions in flight on the
+    accounts) and ``unknown_hold`` / ``unknown_account`` (the command overtook the one it depends on): the
+    next attempt (attempt + 1), since the engine remembers the rejection of this one.
     """
     reason = result.get("reason")
     if result.get("outcome") != "rejected" or reason is None:
         return None
-    if reason in TRANSIENT_REASONS:
-        return event
-    if reason in ORDERING_REASONS:
+    if reason in TRANSIENT_REASONS or reason in ORDERING_REASONS:
         return dataclasses.replace(event, attempt=event.attempt + 1)
     return None

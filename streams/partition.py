@@ -9,6 +9,7 @@ credits to other partitions through clearing) -> core.execute (pure) -> stage wr
 """
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import logging
@@ -305,6 +306,7 @@ class PartitionProcessor:
         # (command kind, outcome, reason) -> count of results emitted; read and reset by the engine (metrics).
         self.tally: Counter = Counter()
         self._kind = "unknown"
+        self._offset = 0  # offset of the record being decided (the source of what it stages)
         # Money in this partition's clearing shards per currency, for the in-flight gauge.
         self.clearing: dict[str, int] = {}
 
@@ -354,6 +356,7 @@ class PartitionProcessor:
         # Nothing a producer writes may stop the worker: a command that fails part way is undone and rejected
         # alone. Only the store's I/O failures (and running out of memory) end the process.
         outputs, changelog, tally = len(self.outputs), len(self.changelog), self.tally.copy()
+        self._offset = offset
         self.state.begin_command()
         try:
             self._decide_record(record, kind, len(value), offset, timestamp_ms)
@@ -392,19 +395,40 @@ class PartitionProcessor:
         try:
             command = command_from_wire(record, timestamp_ms)
         except WireError as exc:
-            self._reject(command_id, client_id, timestamp_ms, exc.reason, exc.detail)
+            self._refuse_unreadable(record, kind, timestamp_ms, exc.reason, exc.detail)
             return
         except (TypeError, ValueError) as exc:  # a field the core refuses (e.g. empty id in a Leg)
-            self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, str(exc))
+            self._refuse_unreadable(record, kind, timestamp_ms, Rejection.INVALID_COMMAND, str(exc))
             return
         if self._answer_if_seen(command):
             return
         self._expire_due(offset, timestamp_ms)
+        if self.spanning.under_way(command):  # a retry of a transaction in flight: answered when decided
+            self._route_and_execute(command, offset)
+            return
         refusal = self.spanning.refusal(command)
         if refusal is not None:
             self._reject_command(command, *refusal)
             return
         self._route_and_execute(command, offset)
+
+    def _refuse_unreadable(self, record: dict[str, Any], kind: str, at_ms: int, reason: Rejection,
+                           detail: str) -> None:
+        """A command whose fields cannot be read (its ids can: the limits were checked) is rejected and
+        remembered like any decision, under a fingerprint of its record: the same bytes sent again get the
+        same answer (a duplicate), another payload under the id gets id_conflict."""
+        client_id, command_id = record["client_id"], record["command_id"]
+        fingerprint = "unreadable:" + hashlib.sha256(repr((kind, record["body"][1])).encode()).hexdigest()
+        stored = self.state.change_record(client_id, command_id)
+        if stored is not None:
+            if stored["fingerprint"] == fingerprint:
+                self.answer_again(stored)
+            else:
+                self._reject(command_id, client_id, at_ms, Rejection.ID_CONFLICT,
+                             f"command {command_id} of {client_id} was already used with another payload")
+            return
+        self.commit_change(client_id, command_id, fingerprint, self._offset,
+                           rejection_to_wire(command_id, client_id, at_ms, reason, limits.clip(detail)))
 
     def _answer_if_seen(self, command: core.Command) -> bool:
         """Inbox check: a decided command id gets its original result (or id_conflict) and nothing else."""
@@ -650,7 +674,11 @@ class PartitionProcessor:
         self._emit_result(rejection_to_wire(command_id, client_id, at_ms, reason, limits.clip(detail)))
 
     def _reject_command(self, command: core.Command, reason: Rejection, detail: str) -> None:
-        self._reject(command.command_id, command.client_id, command.at_ms, reason, detail)
+        """A judgement of a readable command outside the core (routing, names the ledger keeps to itself,
+        contention with transactions in flight): a decision like the core's, so it is remembered (P4). The
+        command is given as sent: its fingerprint is what a retry is compared with."""
+        wire = rejection_to_wire(command.command_id, command.client_id, command.at_ms, reason, limits.clip(detail))
+        self.commit_change(command.client_id, command.command_id, command.fingerprint(), self._offset, wire)
 
     def _dead_letter(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
                      reason: str, detail: str, index: int | None = None) -> None:

@@ -69,6 +69,18 @@ class Spanning:
     def locked(self, hold_id: str) -> bool:
         return bool(self.state.record(f"l/{hold_id}"))
 
+    def spans(self, tx: core.PostTransaction) -> bool:
+        """Whether the transaction's debits live in several partitions (the two-phase path)."""
+        homes = {self.proc._home(leg.account_id) for leg in tx.legs if leg.amount < 0} - {None}
+        return len(homes) > 1
+
+    def under_way(self, command: core.Command) -> bool:
+        """A client's transaction this partition coordinates and has begun, not yet decided: a retry of it
+        is answered when it is decided, before any judgement of holds or locks (which its own reservation
+        holds, so they would refuse it)."""
+        return isinstance(command, core.PostTransaction) and command.client_id != ENGINE_CLIENT and \
+            self.state.record(f"c/{command.client_id}/{command.command_id}") is not None
+
     def refusal(self, command: core.Command) -> tuple[Rejection, str] | None:
         """Why a client's command may not run while transactions are in flight (None: it may)."""
         if command.client_id == ENGINE_CLIENT:
@@ -83,12 +95,15 @@ class Spanning:
         if isinstance(command, core.PlaceHold) and command.hold_id.startswith(INTERNAL_HOLD_MARK):
             return Rejection.INVALID_COMMAND, f"hold ids starting with {INTERNAL_HOLD_MARK} are internal to the ledger"
         if isinstance(command, core.PostTransaction):
+            spanning = self.spans(command)
             drawn: dict[str, int] = defaultdict(int)
             for leg in command.legs:
                 if leg.hold_id is not None:
                     if leg.hold_id.startswith(INTERNAL_HOLD_MARK):
                         return Rejection.INVALID_COMMAND, f"hold {leg.hold_id} is internal to the ledger"
                     drawn[leg.hold_id] -= leg.amount
+            if spanning:  # each partition's reservation judges its own holds and locks, at its own position
+                return None
             for hold_id, amount in drawn.items():
                 locked = self.locked_amount(hold_id)
                 hold = self.state.hold(hold_id)
@@ -111,6 +126,10 @@ class Spanning:
         key = f"{tx.client_id}/{tx.command_id}"
         pending = self.state.record(f"c/{key}")
         if pending is not None:  # a retry while in flight: answered when decided
+            if pending.get("fingerprint", tx.fingerprint()) != tx.fingerprint():
+                proc._reject(tx.command_id, tx.client_id, tx.at_ms, Rejection.ID_CONFLICT,
+                             f"command {tx.command_id} of {tx.client_id} was already used with another payload")
+                return
             retry_id = f"{key}~retry~{proc.position}"
             seen = self.state.change_record(ENGINE_CLIENT, retry_id)
             if seen is not None:  # this same retry redone after a crash: counted once, answered as before
@@ -129,7 +148,7 @@ class Spanning:
                 return
         participants = sorted({proc._home(l.account_id) for l in tx.legs if l.amount < 0} - {None})
         record = {"tx": command_to_wire(tx)["body"][1], "at_ms": tx.at_ms, "participants": participants,
-                  "votes": {}, "retries": 0, "offset": offset}
+                  "votes": {}, "retries": 0, "offset": offset, "fingerprint": tx.fingerprint()}
         proc.commit_change(ENGINE_CLIENT, f"{key}~begin", "", offset,
                            _accepted(f"{key}~begin", tx.at_ms, f"reserving in partitions {participants}"),
                            records=[(f"c/{key}", record)])

@@ -292,5 +292,9 @@ def test_clients_cannot_name_clearing_or_internal_holds():
     outputs, changelog = proc.take()
     for command_id in ("c1", "c2", "hold:~x~" + ann):
         assert answer(outputs, command_id)["reason"] == "invalid_command", command_id
-    assert changelog == []
+    # Each refusal is a decision, remembered (a retry gets it again), and nothing else is written.
+    from schemas.codec import codec
+    changes = [codec().decode("state", c) for c in changelog]
+    assert [c["command_id"] for c in changes] == ["c1", "c2", "hold:~x~" + ann]
+    assert not any(c["accounts"] or c["holds"] or c["records"] for c in changes)
     assert proc.state.account(ann).posted == 10_000

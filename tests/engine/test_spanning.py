@@ -10,7 +10,7 @@ from __future__ import annotations
 from streams import routing
 from tests.helpers.bus import Bus, Crash, assert_books_balance
 from tests.helpers.records import N, command, tx
-from tests.helpers.trade import BUYER_BTC, BUYER_USDT, SELLER_BTC, SELLER_USDT, TRADE, setup_trade
+from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_USDT, TRADE, setup_trade
 
 
 def test_a_trade_with_debits_in_two_partitions_posts_atomically():
@@ -109,3 +109,41 @@ def test_a_retry_redone_after_a_crash_is_answered_once_when_decided():
     bus.run()
     answers = [r for r in bus.results if r["command_id"] == "fill-1"]
     assert [(r["outcome"], r["duplicate"]) for r in answers] == [("accepted", False), ("accepted", True)]
+
+
+def test_a_retry_while_the_trade_holds_its_own_locks_is_answered_as_a_duplicate():
+    """The retry reaches the coordinator after the trade's own reservation locked the bid: it is the same
+    transaction under way, not a capture competing for the hold."""
+    bus = Bus()
+    setup_trade(bus)
+    whole_bid = [(BUYER_USDT, -30_000_000_000, "bid", None), (SELLER_USDT, 30_000_000_000, None, "USDT"),
+                 (SELLER_BTC, -20_000_000, "ask", None), (BUYER_BTC, 20_000_000, None, "BTC")]
+    bus.send(tx("fill-1", whole_bid), BUYER_USDT)
+    while bus.pending(BUYER_P):
+        bus.step(BUYER_P)  # begun, and the buyer's side reserved: all of the bid is locked by fill-1
+    assert bus.procs[BUYER_P].spanning.locked_amount("bid") == 30_000_000_000
+    bus.send(tx("fill-1", whole_bid), BUYER_USDT)  # the client's retry
+    bus.run()
+    answers = [(r["outcome"], r["reason"], r["duplicate"]) for r in bus.results if r["command_id"] == "fill-1"]
+    assert answers == [("accepted", None, False), ("accepted", None, True)]
+    assert bus.hold("bid", BUYER_USDT).status.value == "captured"
+    assert_books_balance(bus)
+
+
+def test_a_command_rejected_before_the_core_gets_one_decision_however_often_it_is_sent():
+    bus = Bus()
+    setup_trade(bus)
+    bad = command("bad-1", "PostTransaction", {
+        "transaction_id": "bad-1", "kind": "transfer", "reference": None, "links": [], "metadata": {},
+        "occurred_at_ms": None, "rate_snapshot_id": None,
+        "legs": [{"account_id": BUYER_USDT, "amount": "1.5", "hold_id": None, "currency": None},
+                 {"account_id": "sys:fees:USDT", "amount": "-1.5", "hold_id": None, "currency": None}]})
+    internal = tx("int-1", [(BUYER_USDT, -5, None, None), ("sys:clearing:USDT", 5, None, None)])
+    for _ in range(2):
+        bus.send(bad, BUYER_USDT)
+        bus.send(internal, BUYER_USDT)
+        bus.run()
+    for command_id in ("bad-1", "int-1"):
+        answers = [r for r in bus.results if r["command_id"] == command_id]
+        assert [(r["outcome"], r["duplicate"]) for r in answers] == [("rejected", False), ("rejected", True)]
+        assert answers[0]["at_ms"] == answers[1]["at_ms"], "the retry is answered with the decision, not judged again"

@@ -180,7 +180,7 @@ def test_next_attempt():
     e = WithdrawalCompleted("w", "a", "USD", 5)
     rejected = {"outcome": "rejected", "duplicate": False}
     assert rules.next_attempt(e, {**rejected, "reason": "unknown_hold"}).attempt == 2
-    assert rules.next_attempt(e, {**rejected, "reason": "in_flight"}) is e
+    assert rules.next_attempt(e, {**rejected, "reason": "in_flight"}).attempt == 2  # remembered: a new attempt
     assert rules.next_attempt(e, {**rejected, "reason": "insufficient_funds"}) is None
     assert rules.next_attempt(e, {"outcome": "accepted", "reason": None}) is None
 
