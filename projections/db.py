@@ -94,6 +94,12 @@ class PgConnection:
     def executescript(self, sql: str) -> None:
         self._conn.execute(sql)  # several statements: allowed without parameters
 
+    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        """COPY rows into a table: the bulk path (one statement, no per-row round trip or parse)."""
+        with self._conn.cursor() as cur, cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+
     def close(self) -> None:
         self._conn.close()
 

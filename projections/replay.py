@@ -24,7 +24,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from projections import db
+from projections import bulk, db
 from projections.projector import Projector, TopicPartitionKey
 from projections.store import TOPICS, DigestKey, Store, digests, digests_hash, first_difference, projection_hash
 from streams.config import Settings
@@ -113,16 +113,21 @@ def parse_offsets(text: str) -> dict[TopicPartitionKey, int]:
 
 def rebuild(settings: Settings, target: str | Path, *, start: dict[TopicPartitionKey, int] | None = None,
             until: dict[TopicPartitionKey, int] | None = None, progress: bool = True,
-            batch_size: int = 10000) -> ReplayResult:
+            batch_size: int = 10000, workers: int | None = None, incremental: bool = False) -> ReplayResult:
     """Project the topics into a fresh store, from `start` (default: the beginning) up to `until`
     (default: the end offsets now). The store must not exist (no SQLite file, no tables in the PostgreSQL
-    schema): a rebuild never mixes with old rows."""
+    schema): a rebuild never mixes with old rows. By default the bulk loader (projections/bulk.py, `workers`
+    processes, default the CPU count); incremental=True applies batches as the projector does (the slow
+    path the bulk loader is checked against)."""
     if db.exists(target):
         raise FileExistsError(f"{db.display(target)} exists; a replay writes a fresh store")
     marks = watermarks(settings)
     until = {k: high for k, (_, high) in marks.items()} if until is None else until
     begin = {k: max(low, (start or {}).get(k, 0)) for k, (low, _) in marks.items()}
     total = sum(max(until.get(k, 0) - begin[k], 0) for k in marks)
+    if not incremental:
+        return _bulk(settings, str(target), {k: (begin[k], until.get(k, 0)) for k in marks}, total, progress,
+                     workers)
     store = Store(target, settings.prefix)
     projector = Projector(settings, store, start={k: begin[k] for k in marks}, until=until, batch_size=batch_size)
     t0 = time.perf_counter()
@@ -141,6 +146,21 @@ def rebuild(settings: Settings, target: str | Path, *, start: dict[TopicPartitio
         return ReplayResult(projector.progress.applied, seconds, projection_hash(store.conn), store.offsets())
     finally:
         projector.close()
+        store.close()
+
+
+def _bulk(settings: Settings, target: str, keys: dict[TopicPartitionKey, tuple[int, int]], total: int,
+          progress: bool, workers: int | None) -> ReplayResult:
+    t0 = time.perf_counter()
+    with _bar(progress) as bar:
+        task = bar.add_task("replay", total=total or 1)
+        loaded = bulk.rebuild(settings, target, keys, workers=workers,
+                              progress=lambda n: bar.update(task, completed=n))
+    seconds = time.perf_counter() - t0
+    store = Store(target, readonly=True)
+    try:
+        return ReplayResult(loaded.applied, seconds, projection_hash(store.conn), store.offsets())
+    finally:
         store.close()
 
 

@@ -418,6 +418,12 @@ class Store:
         return self.conn.execute("SELECT * FROM account_views WHERE version > ? ORDER BY version LIMIT ?",
                                  (version, limit)).fetchall()
 
+    def views_between(self, after: int, upto: int) -> list:
+        """Account views last written by a batch after store version `after`, up to `upto`, oldest batch first
+        (a view rewritten meanwhile by a later batch comes with that batch instead: nothing is missed)."""
+        return self.conn.execute("SELECT * FROM account_views WHERE version > ? AND version <= ? "
+                                 "ORDER BY version, account_id", (after, upto)).fetchall()
+
     def account_count(self) -> int:
         return self.conn.execute("SELECT count(*) FROM account_views").fetchone()[0]
 
