@@ -42,9 +42,15 @@ def results() -> dict[str, str]:
 
 
 def diff(mutant: str) -> list[str]:
-    out = subprocess.run(MUTMUT + ["show", mutant], cwd=ROOT, capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines()
-            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    """The changed lines of a mutant (what `mutmut show` prints, without the context)."""
+    os.chdir(ROOT)
+    from mutmut.__main__ import get_diff_for_mutant
+
+    try:
+        text = get_diff_for_mutant(mutant)
+    except Exception as exc:  # noqa: BLE001 - a report line, not a reason to stop the report
+        return [f"(no diff: {exc})"]
+    return [line for line in text.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
 
 
 def report(elapsed_s: float | None) -> int:
@@ -56,18 +62,19 @@ def report(elapsed_s: float | None) -> int:
     for name, status in found.items():
         counts[area(name)][status] += 1
     print()
-    print(f"{'area':6} {'mutants':>8} {'killed':>7} {'survived':>9} {'other':>6} {'score':>7}  target")
+    print(f"{'area':6} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} {'no tests':>9} {'score':>7}  target")
     failed = False
     for name in ("core", "shell"):
         c = counts[name]
         total = sum(c.values())
         killed = sum(v for k, v in c.items() if k in DETECTED)
-        survived = c["survived"]
         score = killed / total if total else 0.0
         failed |= score < TARGETS[name]
-        print(f"{name:6} {total:8} {killed:7} {survived:9} {total - killed - survived:6} {score:7.1%}  "
-              f"{TARGETS[name]:.0%}{'' if score >= TARGETS[name] else '  BELOW'}")
-    others = {k: v for c in counts.values() for k, v in c.items() if k not in DETECTED | {"survived"}}
+        print(f"{name:6} {total:8} {killed - c['timeout']:7} {c['timeout']:8} {c['survived']:9} {c['no tests']:9} "
+              f"{score:7.1%}  {TARGETS[name]:.0%}{'' if score >= TARGETS[name] else '  BELOW'}")
+    print("score = (killed + timeout + segfault) / mutants; a mutant no test reaches counts against it")
+    others = {k: v for c in counts.values() for k, v in c.items()
+              if k not in DETECTED | {"survived", "no tests", "timeout"}}
     if others:
         print("not killed and not survived:", dict(others))
     if elapsed_s is not None:
