@@ -554,7 +554,11 @@ def app_from_env() -> FastAPI:
     environment; the projector runs in the supervising process)."""
     from streams import config
 
-    return create_app(os.environ["LEDGER_API_TARGET"], config.load(), projector=False)
+    settings = config.load()
+    if os.environ.get("LEDGER_API_PREFIX"):
+        settings = settings.with_prefix(os.environ["LEDGER_API_PREFIX"])
+    return create_app(os.environ["LEDGER_API_TARGET"], settings, projector=False,
+                      read_threads=int(os.environ.get("LEDGER_API_READ_THREADS", READ_THREADS)))
 
 
 def serve(settings: Settings, target: str | Path, host: str = "127.0.0.1", port: int = 8080,
@@ -578,7 +582,7 @@ def serve(settings: Settings, target: str | Path, host: str = "127.0.0.1", port:
 
         thread = threading.Thread(target=run, args=(settings, target, stop), name="projector", daemon=True)
         thread.start()
-    os.environ["LEDGER_API_TARGET"] = str(target)
+    os.environ["LEDGER_API_TARGET"], os.environ["LEDGER_API_PREFIX"] = str(target), settings.prefix
     try:
         uvicorn.run("projections.api:app_from_env", factory=True, host=host, port=port, workers=workers,
                     log_level="warning")
