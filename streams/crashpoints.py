@@ -58,9 +58,12 @@ def _say(text: str) -> None:
 
 def _describe(detail: Any) -> str:
     """The call sites pass what they have at hand, formatted only when a point fires: the batch's
-    {partition: offset} dict, one partition number, or a string."""
+    {partition: (outputs, changelog records)} or {partition: offset} dict, one partition number, or a string."""
     if isinstance(detail, dict):
-        return "partitions " + ",".join(str(p) for p in sorted(detail))
+        text = "partitions " + ",".join(str(p) for p in sorted(detail))
+        if all(isinstance(v, tuple) and len(v) == 2 for v in detail.values()):
+            text += "; changelog records " + ",".join(f"{p}={len(detail[p][1])}" for p in sorted(detail))
+        return text
     if isinstance(detail, int):
         return f"partition {detail}"
     return str(detail)

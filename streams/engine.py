@@ -258,7 +258,7 @@ class Engine:
         lost = []
         batches = {p: self.processors[p].take() for p in owned}
         self._send([o for outputs, _ in batches.values() for o in outputs])  # 3.
-        crash_point("after_outputs", owned)
+        crash_point("after_outputs", batches)
         offsets = self._send_changelog({p: changelog for p, (_, changelog) in batches.items()})  # 4.
         crash_point("after_changelog", owned)
         for p, expected in list(owned.items()):  # 5.

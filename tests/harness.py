@@ -2,22 +2,28 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from connectors.admin import create_topics, delete_topics
+from projections.topics import read_topic
 from streams import config
 from streams.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
+# streams/engine.py's log line at the end of each restore (step 1).
+RESTORED = re.compile(r"partition (\d+) restored: (\d+) changelog records from offset")
 
 
 def bootstrap() -> str:
@@ -140,6 +146,31 @@ class Worker:
             return False
         return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
+    def stored_changelog_offsets(self) -> dict[int, int]:
+        """Per partition directory: the next changelog offset its RocksDB holds (> 0: this worker decided
+        commands there or restored them). Read with the worker stopped (RocksDB locks its directory)."""
+        assert not self.alive, "read the state of a stopped worker only"
+        from streams.partition import PartitionState
+        from streams.store import RocksStore
+
+        offsets = {}
+        for p in sorted(self.data_dir.glob("p*")):
+            if p.name[1:].isdigit():
+                store = RocksStore(p)
+                try:
+                    offsets[int(p.name[1:])] = PartitionState(store).changelog_offset()
+                finally:
+                    store.close()
+        return offsets
+
+    def restores(self, since: int = 0) -> list[tuple[int, int]]:
+        """(partition, changelog records read) of every restore the log shows past character `since`."""
+        text = self.log_path.read_text(errors="replace")[since:]
+        return [(int(m.group(1)), int(m.group(2))) for m in RESTORED.finditer(text)]
+
+    def log_size(self) -> int:
+        return len(self.log_path.read_text(errors="replace"))
+
     def wipe_state(self) -> None:
         """Lose every partition's RocksDB (the worker must not be running): restore reads the changelog."""
         assert not self.alive, "wipe the state of a stopped worker only"
@@ -173,6 +204,80 @@ class Worker:
     def crashed(self) -> bool:
         """True when the log shows an unexpected exception (tests assert there is none)."""
         return "Traceback" in self.log_path.read_text(errors="replace")
+
+
+def assert_exactly_once(settings, client_id: str, sent: list[str]) -> None:
+    """What the oracles may let pass: one decision per command, one content per history entry, every
+    account's seqs exactly 1..n with one entry each, every balance record (not only the latest) equal to
+    the fold of history at its seq, and no history for a rejected command."""
+    problems: list[str] = []
+    commands = [c.value for c in read_topic(settings, "commands")]
+    results = [r for r in read_topic(settings, "results")]
+    history = [h for h in read_topic(settings, "history")]
+    balances = [b.value for b in read_topic(settings, "balances")]
+    assert not list(read_topic(settings, "dlq")), "no command of this traffic is a dead letter"
+    assert None not in commands, "every command decodes"
+
+    ours = [c["command_id"] for c in commands if c["client_id"] == client_id]
+    assert sorted(ours) == sorted(sent), "the commands topic holds exactly what the client sent"
+
+    decisions: dict[tuple[str, str], set[bytes]] = defaultdict(set)
+    outcome: dict[tuple[str, str], str] = {}
+    for r in results:
+        if not r.value["duplicate"]:
+            key = (r.value["client_id"], r.value["command_id"])
+            decisions[key].add(r.raw)
+            outcome[key] = r.value["outcome"]
+    keys = {(c["client_id"], c["command_id"]) for c in commands}
+    for key in sorted(keys):
+        if len(decisions.get(key, ())) != 1:
+            problems.append(f"{key} has {len(decisions.get(key, ()))} distinct non-duplicate decisions")
+    # (The engine decides some commands of its own inside a partition, with no record on the commands
+    # topic: system shard opens, two-phase steps. Those are checked with everything else below.)
+    for key in set(decisions) - keys:
+        if key[0] == client_id:
+            problems.append(f"decision for {key}, which is not on the commands topic")
+
+    contents: dict[str, set[bytes]] = defaultdict(set)
+    entries: dict[str, dict] = {}
+    for h in history:
+        contents[h.value["entry_id"]].add(h.raw)
+        entries[h.value["entry_id"]] = h.value
+    problems += [f"history entry {e} has {len(c)} contents" for e, c in contents.items() if len(c) != 1]
+    by_account: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for v in entries.values():
+        by_account[v["account_id"]][v["seq"]].append(v)
+        if outcome.get((v["client_id"], v["command_id"])) == "rejected":
+            problems.append(f"history entry {v['entry_id']} of rejected command {v['command_id']}")
+    fold: dict[tuple[str, int], tuple[int, int]] = {}
+    for account, seqs in by_account.items():
+        if sorted(seqs) != list(range(1, len(seqs) + 1)):
+            problems.append(f"{account}: seqs {sorted(seqs)[:10]} are not 1..{len(seqs)}")
+        posted = 0
+        for seq in sorted(seqs):
+            if len(seqs[seq]) != 1:
+                problems.append(f"{account}#{seq} has {len(seqs[seq])} entries")
+            v = seqs[seq][0]
+            posted += int(v["amount"])
+            if posted != int(v["posted_after"]):
+                problems.append(f"{account}#{seq}: posted_after {v['posted_after']} != fold {posted}")
+            fold[(account, seq)] = (posted, int(v["held_after"]))
+    for b in balances:
+        at = fold.get((b["account_id"], b["seq"]))
+        if at != (int(b["posted"]), int(b["held"])):
+            problems.append(f"balance {b['account_id']}#{b['seq']} {b['posted']}/{b['held']} != history {at}")
+    assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:30])
+
+
+def changelog_ends(settings: Settings) -> dict[int, int]:
+    """The end offset of every partition of the changelog topic."""
+    consumer = Consumer({**settings.kafka_config(), "group.id": f"ends-{uuid.uuid4()}"})
+    try:
+        topic = settings.topic("changelog")
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(settings.partitions)}
+    finally:
+        consumer.close()
 
 
 def broker_api_versions(server: str) -> tuple[str, int]:

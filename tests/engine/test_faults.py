@@ -4,6 +4,7 @@ After each, the oracles of DESIGN.md §2 (projections.verify) must hold over eve
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -15,6 +16,7 @@ from projections.topics import read_topic
 from projections.verify import format_report, verify, wait_quiescent
 from schemas.codec import codec
 from streams import routing
+from tests.harness import assert_exactly_once, changelog_ends
 
 
 def assert_books_ok(settings):
@@ -177,35 +179,89 @@ def test_two_workers_share_partitions_with_cross_partition_transfers(settings, s
     w2 = start_worker("w2")
     client = LedgerClient(settings, "pair")
     gen = LoadGenerator(client, seed=5, mix=Mix(users=80), run_id="p")
-    client.wait(gen.open_accounts(), 60)
+    opened = gen.open_accounts()
+    client.wait(opened, 60)
     ids = list(gen.commands(1500))
     results = client.wait(ids, 120)
-    report = assert_books_ok(settings)
     multi = [r["outcome"] for i, r in results.items() if "-multi-" in i]
     assert "accepted" in multi and "rejected" in multi, "debits in two partitions: some must commit, some fail"
-    assert report.counts["commands"] > report.counts["commands.from_clients"], "no cross-partition credits ran"
     for w in (w1, w2):
         assert w.alive and not w.crashed(), w.tail()
-    logs = w1.log_path.read_text() + w2.log_path.read_text()
-    assert "restored" in logs
+
+    # Shared: w2 decided commands in some partitions, not all; every partition's changelog has records, so
+    # w1 wrote the others.
+    mark = w1.log_size()
+    w2.stop()  # leaves the group: w1 takes over w2's partitions
+    ends = changelog_ends(settings)
+    assert all(ends.values()), f"every partition decided something: {ends}"
+    decided_by_w2 = {p for p, offset in w2.stored_changelog_offsets().items() if offset > 0}
+    assert decided_by_w2 and decided_by_w2 != set(ends), f"w2 decided in {sorted(decided_by_w2)} of {ends}"
+
+    # Moved: commands to w2's partitions now go to w1, which first restores them from the changelog w2 wrote.
+    more = list(gen.commands(300))
+    client.wait(more, 120)
+    took_over = {p for p, read in w1.restores(since=mark) if read > 0}
+    assert decided_by_w2 & took_over, f"w1 restored {w1.restores(since=mark)} after w2 left; w2 had {decided_by_w2}"
+    report = assert_books_ok(settings)
+    assert report.counts["commands"] > report.counts["commands.from_clients"], "no cross-partition credits ran"
+    assert_exactly_once(settings, "pair", opened + ids + more)
+    assert w1.alive and not w1.crashed(), w1.tail()
     client.close()
 
 
 def test_a_paused_worker_that_wakes_up_after_losing_its_partitions_does_no_harm(settings, start_worker):
-    zombie = start_worker("zombie", session_timeout_s=6.0)
+    """The zombie stops itself (SIGSTOP) holding a batch whose outputs are sent and whose changelog is not
+    written yet. Its session expires, the survivor takes its partitions, redoes the batch and writes their
+    changelog. Woken up, the zombie writes its changelog records after the survivor's: step 5 must see
+    offsets it did not expect and drop the batch's state (the fence), and nothing may be counted twice."""
+    zombie = start_worker("zombie", session_timeout_s=6.0, extra_env={"LEDGER_PAUSE_AT": "after_outputs:30"})
     survivor = start_worker("survivor", session_timeout_s=6.0)
     client = LedgerClient(settings, "zombie")
     gen = LoadGenerator(client, seed=3, mix=Mix(users=60), run_id="z")
-    client.wait(gen.open_accounts(), 60)
+    opened = gen.open_accounts()
+    client.wait(opened, 60)
     sent: list[str] = []
-    thread = pump(client, gen, count=3000, per_second=300, sent=sent)
-    time.sleep(1.5)
-    zombie.pause()  # SIGSTOP: no heartbeats; the group moves its partitions to the survivor
-    time.sleep(14)  # past the 6 s session timeout and the rebalance that follows
-    zombie.resume()  # it wakes up with a batch in hand, still believing it owns its partitions
+    thread = pump(client, gen, count=4500, per_second=300, sent=sent)
+
+    line = next(l for l in zombie.wait_log("pause point after_outputs reached", 90).splitlines()
+                if l.startswith("pause point after_outputs reached"))
+    # "...: partitions 4,6; changelog records 4=3,6=0; stopping": a record that is answered without a
+    # changelog record (a forward to another partition, say) leaves nothing for step 5 to check.
+    counts = dict(item.split("=") for item in line.split("changelog records ", 1)[1].split(";", 1)[0].split(","))
+    held = [int(p) for p, n in counts.items() if int(n) > 0]
+    assert held, f"the held batch has no changelog records to write: {line}"
+    deadline = time.monotonic() + 10
+    while not zombie.stopped():
+        assert time.monotonic() < deadline, "the zombie logged its pause point but is not stopped"
+        time.sleep(0.05)
+    survivor_mark = survivor.log_size()
+    before = changelog_ends(settings)  # the zombie's changelog records of the held batch are not among them
+
+    # The survivor gets the held partitions and writes their changelog (redoing the held batch first).
+    deadline = time.monotonic() + 120
+    while True:
+        ends = changelog_ends(settings)
+        if all(ends[p] > before[p] for p in held):
+            break
+        assert time.monotonic() < deadline, f"the survivor never wrote partitions {held}: {before} -> {ends}"
+        time.sleep(0.5)
+    restored = {p for p, _ in survivor.restores(since=survivor_mark)}
+    assert set(held) <= restored, f"the survivor restored {sorted(restored)}, not all of {held}"
+
+    zombie.resume()  # it wakes up in step 4 of a batch whose partitions are the survivor's now
+    zombie.wait_log("pause point after_outputs: resumed", 30)
+    # The fence: step 5 finds the survivor's records where the zombie expected its own, for a partition of
+    # the held batch (the zombie's state for it is dropped, not written).
+    fence = re.compile(r"partition (\d+): changelog written by another worker since our restore")
+    deadline = time.monotonic() + 60
+    while not {int(p) for p in fence.findall(zombie.log_since_start())} & set(held):
+        assert time.monotonic() < deadline, f"no fence for any of {held} in the zombie's log:\n{zombie.tail()}"
+        time.sleep(0.2)
     thread.join(120)
     client.wait(sent, 180)
-    time.sleep(2)
-    assert_books_ok(settings)
+    report = assert_books_ok(settings)
+    assert report.counts["transactions"] > 100
+    assert_exactly_once(settings, "zombie", opened + sent)
     assert survivor.alive and not survivor.crashed(), survivor.tail()
+    assert not zombie.crashed(), zombie.tail()
     client.close()
