@@ -66,7 +66,6 @@ def test_worker_killed_at_a_crash_point_recovers_exactly_once(settings, start_wo
     assert wait_quiescent(settings, 180), "the worker did not catch up with the commands topic"
     report = verify(settings)
     assert report.ok, format_report(report)
-    assert report.counts["commands.from_clients"] == len(sent)
     assert report.counts["commands"] > report.counts["commands.from_clients"], "no engine follow-ups ran"
     assert_exactly_once(settings, "crash", sent)
     assert worker.alive and "Traceback" not in worker.log_since_start(), worker.tail()
