@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from confluent_kafka.admin import AdminClient, ConfigResource
 
@@ -45,6 +46,22 @@ app = faust.App(
     broker_commit_interval=1.0,
     web_enabled=False,
 )
+
+_create_worker_consumer = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
+
+
+def _read_committed_consumer(self, transport):
+    """The commands consumer reads committed records only. Follow-up commands are written in the engine's
+    Kafka transactions (streams/engine.py) and a client may write commands transactionally too: a command of
+    an aborted transaction must never be decided. Faust asks for read_committed only in its own exactly-once
+    mode (faust/transport/drivers/aiokafka.py, _create_worker_consumer), which the ledger does not use; aiokafka
+    builds its fetcher from this attribute when the consumer starts."""
+    consumer = _create_worker_consumer(self, transport)
+    consumer._isolation_level = "read_committed"
+    return consumer
+
+
+faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer = _read_committed_consumer
 
 commands = app.topic(settings.topic("commands"), key_type=bytes, value_type=bytes,
                      partitions=settings.partitions)
