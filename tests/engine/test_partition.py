@@ -419,3 +419,90 @@ def test_a_participant_with_two_plain_debits_reserves_both_or_neither():
                 and h["account_id"] == BUYER_USDT and not any(
                     r["hold_id"] == h["hold_id"] and r["kind"] == "hold_released" for r in bus.history)]
     assert_books_balance(bus)
+
+
+# --- dead letters, unreadable commands, the stored changelog position -----------------------------------------
+def test_dead_letters_are_counted_and_keep_their_origin():
+    proc = PartitionProcessor(3, N, MemoryStore())
+    proc.handle(7, 1_700_000_000_007, b"key-1", b"\x00poison")
+    proc.handle(8, 1_700_000_000_008, None, None)  # a tombstone: no key, no value
+    proc.handle(9, 1_700_000_000_009, b"key-2", b"\x00poison again")
+    outputs, changelog = proc.take()
+    assert changelog == []
+    assert proc.tally[("dead_letter", "dead_letter", "not_avro")] == 2
+    assert proc.tally[("dead_letter", "dead_letter", "empty")] == 1
+    letters = [(o.key, o.partition, o.timestamp_ms, C.decode("dead_letter", o.value)) for o in outputs]
+    assert [(k, p, t) for k, p, t, _ in letters] == [
+        (b"3/7", 3, 1_700_000_000_007), (b"3/8", 3, 1_700_000_000_008), (b"3/9", 3, 1_700_000_000_009)]
+    first, tombstone, _ = [letter for *_, letter in letters]
+    assert {k: first[k] for k in ("reason", "topic", "partition", "offset", "timestamp_ms", "key", "value")} == {
+        "reason": "not_avro", "topic": "commands", "partition": 3, "offset": 7, "timestamp_ms": 1_700_000_000_007,
+        "key": b"key-1", "value": b"\x00poison"}
+    assert (tombstone["reason"], tombstone["key"], tombstone["value"]) == ("empty", None, None)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_dead_letter_keeps_key_and_value_whole_up_to_their_limits(extra):
+    from streams import limits
+    value = b"\x00" + b"v" * (limits.DEAD_LETTER_VALUE_BYTES - 1 + extra)
+    key = b"k" * (limits.DEAD_LETTER_KEY_BYTES + extra)
+    proc = PartitionProcessor(0, N, MemoryStore())
+    proc.handle(4, 1_700_000_000_000, key, value)
+    (dead,) = proc.take()[0]
+    letter = C.decode("dead_letter", dead.value)
+    assert letter["value"] == value[:limits.DEAD_LETTER_VALUE_BYTES]
+    assert letter["key"] == key[:limits.DEAD_LETTER_KEY_BYTES]
+    truncated = [f"[value truncated to its first {limits.DEAD_LETTER_VALUE_BYTES} of {len(value)} bytes; "
+                 "the whole record is commands 0/4]",
+                 f"[key truncated to {limits.DEAD_LETTER_KEY_BYTES} of {len(key)} bytes]"]
+    assert [note in letter["detail"] for note in truncated] == [bool(extra), bool(extra)]
+
+
+def test_an_unreadable_command_is_remembered_like_a_decision():
+    """An amount that is not a number: rejected, and remembered under a fingerprint of the record, so the same
+    bytes again are a duplicate and another payload under the id is an id_conflict under its own key."""
+    a, b = local_users(2)
+    bad = tx("x", [(a, "-abc", None, None), (b, "abc", None, None)], "transfer")
+    other = tx("x", [(a, "-zz", None, None), (b, "zz", None, None)], "transfer")
+    proc = PartitionProcessor(0, N, MemoryStore())
+    outputs, changelog = run(proc, [open_account(a), open_account(b), bad, bad, other])
+    answers = [(o.key, C.decode("result", o.value)) for o in outputs if o.topic == "results"]
+    mine = [(key, r["outcome"], r["reason"], r["duplicate"]) for key, r in answers if r["command_id"] == "x"]
+    assert mine == [(b"t/x", "rejected", "invalid_amount", False), (b"t/x", "rejected", "invalid_amount", True),
+                    (b"t/x#id_conflict", "rejected", "id_conflict", False)]
+    conflict = [r for _, r in answers if r["reason"] == "id_conflict"][0]
+    assert (conflict["client_id"], conflict["detail"]) == ("t", "command x of t was already used with another payload")
+    assert [C.decode("state", c)["command_id"] for c in changelog].count("x") == 1
+
+
+def test_the_changelog_position_is_stored_with_the_state():
+    store = MemoryStore()
+    proc = PartitionProcessor(0, N, store)
+    assert proc.state.changelog_offset() == 0
+    _, changelog = run(proc, script())
+    proc.state.commit(len(changelog) + 40)
+    assert PartitionProcessor(0, N, store).state.changelog_offset() == len(changelog) + 40
+
+
+def test_a_forwarded_transaction_is_keyed_by_its_debit_account_whatever_the_leg_order():
+    payer = local_users(1, partition=2)[0]
+    payee = next(u for u in local_users(5, partition=2) if routing.routing_key_for(u) != routing.routing_key_for(payer))
+    value = tx("pay", [(payee, 5, None, None), (payer, -5, None, None)], "transfer")
+    (forwarded,) = run(PartitionProcessor(0, N, MemoryStore()), [value])[0]
+    assert (forwarded.partition, forwarded.key) == (2, routing.routing_key_for(payer).encode())
+
+
+def test_a_return_carries_the_original_reference_and_business_time():
+    bus = Bus()
+    payer, payee = _funded_pair(bus)
+    bus.send(command("close", "CloseAccount", {"account_id": payee}), payee)
+    bus.send(command("pay", "PostTransaction", {
+        "transaction_id": "pay", "kind": "transfer", "reference": "invoice-7", "links": [], "metadata": {},
+        "occurred_at_ms": 1_600_000_000_000, "rate_snapshot_id": None,
+        "legs": [{"account_id": payer, "amount": "-300", "hold_id": None, "currency": None},
+                 {"account_id": payee, "amount": "300", "hold_id": None, "currency": None}]}), payer)
+    bus.run()
+    back = [h for h in bus.history if h["transaction_id"] == "t/pay~credit~0~return"]
+    assert len(back) == 2
+    assert {(h["reference"], h["occurred_at_ms"]) for h in back} == {("pay", 1_600_000_000_000)}
+    assert bus.account(payer) == (1_000, 0)
