@@ -137,3 +137,23 @@ def test_parse_never_crashes_and_results_are_exact(text: str, scale: int) -> Non
     if not isinstance(got, Rejection):
         assert type(got) is int and abs(got) <= MAX_ABS_AMOUNT
         assert parse_amount(format_amount(got, currency), currency) == got
+
+
+def test_leading_zeros_do_not_count_as_digits() -> None:
+    """The 40-digit guard counts significant digits: fifty leading zeros are still 1 USD."""
+    assert parse_amount("0" * 50 + "1", USD) == 100
+    assert parse_amount("-" + "0" * 50 + "1.5", USD) == -150
+
+
+def test_programmer_errors_name_the_argument() -> None:
+    with pytest.raises(TypeError, match=r"^minor must be an int, got float: 1\.0$"):
+        format_amount(1.0, USD)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^text must be a str, got int: 5$"):
+        parse_amount(5, USD)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^currency A registered twice with different scales$"):
+        CurrencyRegistry([Currency("A", 1), Currency("A", 2)])
+
+
+def test_the_registry_shows_its_currencies() -> None:
+    assert repr(DEFAULT_CURRENCIES) == "CurrencyRegistry(USD:2, EUR:2, JPY:0, BTC:8, USDT:6, ETH:18)"
+    assert repr(CurrencyRegistry()) == "CurrencyRegistry()"
