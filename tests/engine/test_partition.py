@@ -506,3 +506,30 @@ def test_a_return_carries_the_original_reference_and_business_time():
     assert len(back) == 2
     assert {(h["reference"], h["occurred_at_ms"]) for h in back} == {("pay", 1_600_000_000_000)}
     assert bus.account(payer) == (1_000, 0)
+
+
+def test_a_command_that_fails_part_way_leaves_the_batch_staged_before_it_intact():
+    """Within one batch (nothing committed yet): a hold with an expiry placed, another placed and released,
+    a deposit; then a sealed step that fails part way is undone. What the batch staged before it stays: the
+    balances, the first hold's expiry (it expires on time) and the second's removal (it does not expire)."""
+    from streams.seal import DEVELOPMENT
+    from tests.engine.test_edge import T0, answer, reserve
+
+    ann = local_users(1)[0]
+    proc = PartitionProcessor(0, N, MemoryStore())
+    proc.handle(0, T0, b"k", open_account(ann))
+    proc.handle(1, T0, b"k", transfer("dep", ("sys:world:USD", -1_000), (ann, 1_000)))
+    proc.handle(2, T0, b"k", place_hold("h1", ann, 100, T0 + 50))
+    proc.handle(3, T0, b"k", place_hold("h2", ann, 200, T0 + 40))
+    proc.handle(4, T0 + 1, b"k", command("rel", "ReleaseHold", {"hold_id": "h2"}))
+    bad = reserve("bad", ann, "user:mallory:USD", "abc", 3)
+    proc.handle(5, T0 + 2, b"k", bad, DEVELOPMENT.headers("commands", 0, bad))
+    assert proc.state.account(ann).posted == 1_000 and proc.state.account(ann).held == 100
+    assert proc.state.hold("h2").status.value == "released"
+    proc.handle(6, T0 + 60, b"k", transfer("after", (ann, -1), ("sys:world:USD", 1)))
+    outputs, _ = proc.take()
+    assert answer(outputs, "bad")["reason"] == "invalid_command"
+    assert answer(outputs, "expire:h1")["outcome"] == "accepted"
+    assert not [r for r in (C.decode("result", o.value) for o in outputs if o.topic == "results")
+                if r["command_id"] == "expire:h2"], "a released hold does not expire"
+    assert (proc.state.account(ann).posted, proc.state.account(ann).held) == (999, 0)
