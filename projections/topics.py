@@ -5,7 +5,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from schemas.codec import DecodeError, codec
 from streams.config import Settings
@@ -54,8 +54,10 @@ def records_of(name: str, partition: int, offset: int, timestamp_ms: int, key: b
 def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[TopicRecord]:
     """Every record of a ledger topic up to the end offsets seen at the start (in order within a partition).
     On the commands topic a CommandBatch record yields each of its commands, in order, with its index."""
+    # Transaction markers take offsets but are no records: a partition's end shows as its EOF event.
     consumer = Consumer({**settings.kafka_config(), "group.id": f"reader-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "enable.partition.eof": True})
     topic = settings.topic(name)
     try:
         ends: dict[int, int] = {}
@@ -72,6 +74,9 @@ def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[T
         while ends:
             for msg in consumer.consume(10000, timeout=0.2):
                 if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF and \
+                            msg.offset() >= ends.get(msg.partition(), float("inf")):
+                        del ends[msg.partition()]
                     continue
                 partition = msg.partition()
                 end = ends.get(partition)

@@ -3,45 +3,54 @@
 Commit path of one batch (the numbered steps the crash-safety argument in docs/engine.md refers to).
 [name] marks a crash point (streams/crashpoints.py): tests make the worker exit or pause right there.
 
-  1. Restore every partition of the batch that is not known to be current (after start or a rebalance):
-     replay its changelog from the offset stored in its RocksDB to the end.
+  1. For every partition of the batch that is not known to be current (after start or a rebalance): make
+     the partition's transactional producer (transactional.id "<prefix>ledger-p<partition>") and call
+     init_transactions, which fences every earlier producer of that id (another worker that owned the
+     partition, or this worker before a restart) and aborts its open transaction. Then restore: replay
+     the changelog (read_committed) from the offset stored in the partition's RocksDB to the end, and
+     learn the commands offset the changelog covers. A store whose offset is beyond the changelog's end
+     is refused: it is wiped and rebuilt from the changelog.
      [during_restore]: changelog records of a partition read, none applied to RocksDB yet.
   2. Decide every record in partition order (PartitionProcessor.handle); state writes are only staged.
-     A record may be a batch of commands: once OUTPUTS_PER_COMMIT outputs are staged, steps 3-5 run for
-     what was decided so far, and deciding goes on. (If step 5 finds another worker's writes there and the
-     partition has records left in the batch, the worker exits unacked: they would be acked undecided.)
-  3. Produce the outputs (results, history, balances, dead letters, follow-up commands) and wait for
-     every acknowledgement.
-     [after_outputs]: outputs acknowledged, no changelog record of the batch produced.
-  4. Produce one changelog record per decided command (the complete redo record) and wait for the
-     acknowledgements. A changelog record therefore never exists without the outputs it stands for.
-     [after_changelog]: changelog acknowledged, nothing of the batch in RocksDB.
-  5. Per partition: if the changelog offsets are exactly the ones expected (nobody else wrote to the
-     partition's changelog since we restored), write all staged state and the next changelog offset in one
-     RocksDB WriteBatch. Otherwise another worker owns the partition now (we were paused): drop the staged
-     state and restore before touching the partition again.
+     A record below the partition's covered offset was committed before (its results are published):
+     it is skipped, with no new result. Once OUTPUTS_PER_COMMIT outputs are staged, steps 3-5 run for
+     what was decided so far (between records), and deciding goes on.
+  3. Per partition: begin a transaction and produce its outputs (results, history, balances, dead
+     letters, follow-up commands) into it.
+     [after_outputs]: every partition's outputs produced and acknowledged inside open transactions.
+  4. Per partition, in the same transaction: one changelog record per decided command (the complete redo
+     record), then a covered mark (key m/covered: the next commands offset this transaction covers). Then
+     commit the transactions (each partition's on its own producer, concurrently). A fenced producer (another
+     worker initialised the partition's transactional.id) cannot commit: the worker exits unacked.
+     [during_transaction_commit]: one partition's records produced and flushed, its commit not asked for.
+     [after_changelog]: every transaction committed, nothing of the batch in RocksDB.
+  5. Per partition: write all staged state, the next changelog offset and the covered offset in one
+     RocksDB WriteBatch.
      [before_write] / [after_write]: around one partition's WriteBatch (the batch's other partitions
      may be written already, or not yet).
   6. Return; the caller acks the records, and Faust commits their offsets later.
 
-A crash between any two steps leaves state that step 1 repairs: the changelog is the truth and RocksDB a
-cache of it; a command decided again yields byte-identical outputs (determinism, P7), and a command whose
-changelog record exists is answered from the inbox, never applied twice (P4).
+A crash anywhere leaves each partition's transaction either committed (outputs, redo records and mark all
+visible to read_committed readers) or not (none of them visible, ever). Step 1 repairs the rest: the changelog
+is the truth and RocksDB a cache of it; a committed record redelivered is skipped (its mark covers it), an
+uncommitted one is decided again with byte-identical outputs (determinism, P7), and a command whose changelog
+record exists is answered from the inbox, never applied twice (P4).
 Any failure in steps 3-5 raises; the worker must then exit without acking (see streams/app.py).
-A [during_transaction_commit] point comes with transactional outputs, which do not exist yet.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from schemas.codec import codec
 from streams import core, metrics
@@ -59,6 +68,16 @@ FOLLOW_UPS_PER_RECORD = 500
 FOLLOW_UP_RECORD_BYTES = 512 * 1024
 # Outputs staged before steps 3-5 run within a batch: bounds memory and the size of one flush.
 OUTPUTS_PER_COMMIT = int(os.environ.get("LEDGER_OUTPUTS_PER_COMMIT", "20000"))
+# How long the broker lets a transaction stay open before aborting it itself. A successor's init_transactions
+# aborts a dead or paused owner's transaction at once, so this bounds only a transaction nobody takes over (its
+# records hold back read_committed readers of the partitions it wrote, commands partitions of other workers
+# included, until then). It must exceed the longest commit (FLUSH_TIMEOUT_S of sends, then the commit).
+TRANSACTION_TIMEOUT_MS = int(os.environ.get("LEDGER_TRANSACTION_TIMEOUT_MS", "90000"))
+# Commit the transactions of a batch's partitions one after another instead of concurrently (benchmarks only).
+SERIAL_COMMITS = os.environ.get("LEDGER_SERIAL_COMMITS", "") == "1"
+# The changelog record that closes each transaction: key COVERED_MARK, value the next commands offset covered.
+COVERED_MARK = b"m/covered"
+COVERED_KEY = b"m/covered"  # the same, in the partition's RocksDB
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +92,6 @@ class CommandRecord:
 
 class DeliveryFailed(RuntimeError):
     pass
-
-
-class PartitionLost(RuntimeError):
-    """Records of a partition another worker wrote to mid-batch remain: the worker must exit unacked."""
 
 
 class BatchStats:
@@ -122,6 +137,11 @@ def _producer(settings: Settings, **extra) -> Producer:
     })
 
 
+def transactional_id(settings: Settings, partition: int) -> str:
+    """One transactional.id per partition (and topic prefix): whoever initialises it fences the previous owner."""
+    return f"{settings.prefix}ledger-p{partition}"
+
+
 class Engine:
     def __init__(self, settings: Settings, data_dir: Path,
                  currencies: core.CurrencyRegistry = core.DEFAULT_CURRENCIES):
@@ -130,22 +150,23 @@ class Engine:
         self.currencies = currencies
         self._codec = codec()
         self.seal = Seal.from_env()  # seals the follow-up commands this worker writes (streams/seal.py)
-        # Outputs need only their failures reported: librdkafka then calls back into Python for failures
-        # alone, not once per message (several per command). The changelog needs each record's offset.
-        self._output_failures: list[str] = []
-        self.outputs_producer = _producer(settings, **{"delivery.report.only.error": True,
-                                                       "on_delivery": self._output_failed})
-        self.changelog_producer = _producer(settings)
+        # One transactional producer per partition served, made (and initialised: the fence) at its restore.
+        self.producers: dict[int, Producer] = {}
         self.processors: dict[int, PartitionProcessor] = {}
-        # Next changelog offset each partition expects to write; absent = must restore first. Only the event
-        # loop's thread touches it (restore and commit run in threads and hand their offsets back), and
-        # _generation counts rebalances, so an offset learned before one is not recorded after it.
+        # Next changelog offset of each partition as of its restore or last commit; absent = must restore
+        # first. Only the event loop's thread touches it, and _generation counts rebalances, so an offset
+        # learned before one is not recorded after it.
         self._expected: dict[int, int] = {}
+        # Next commands offset not yet covered by a committed transaction, per partition.
+        self.covered: dict[int, int] = {}
         self._generation = 0
         self._topics = {name: settings.topic(name) for name in ("results", "history", "balances", "commands",
                                                                  "dlq", "changelog")}
         self.restored_records = 0
+        self.skipped_records = 0
         self.stats = BatchStats()
+        self._pool = ThreadPoolExecutor(max_workers=max(2, min(settings.partitions, 16)),
+                                        thread_name_prefix="txn")
 
     # --- partitions -----------------------------------------------------------------------------------------
     def processor(self, partition: int) -> PartitionProcessor:
@@ -162,25 +183,67 @@ class Engine:
         self._generation += 1
         self._expected.clear()
 
+    def _fence(self, partition: int) -> Producer:
+        """Step 1, first half: a fresh transactional producer for the partition; init_transactions fences
+        every earlier producer of its transactional.id and aborts (or completes) its open transaction."""
+        producer = _producer(self.settings, **{"transactional.id": transactional_id(self.settings, partition),
+                                               "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS})
+        for attempt in range(5):
+            try:
+                producer.init_transactions(FLUSH_TIMEOUT_S)
+                break
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or attempt == 4:
+                    raise
+                time.sleep(0.5)
+        self.producers[partition] = producer
+        return producer
+
+    def _wipe(self, partition: int) -> PartitionProcessor:
+        """Drop the partition's local store (it is only a cache of the changelog) and start an empty one."""
+        proc = self.processors.pop(partition, None)
+        if proc is not None:
+            proc.state.store.close()
+        shutil.rmtree(self.data_dir / f"p{partition}", ignore_errors=True)
+        return self.processor(partition)
+
     def restore(self, partition: int) -> int:
         """Step 1 for one partition (blocking; run it in a thread). Returns the next changelog offset."""
+        self._fence(partition)
         proc = self.processor(partition)
         start = proc.state.changelog_offset()
         consumer = Consumer({
             **self.settings.kafka_config(),
             "group.id": f"{self.settings.prefix}restore",
             "enable.auto.commit": False,
-            "isolation.level": "read_committed",
+            "isolation.level": "read_committed",  # never an aborted transaction's records
             "enable.partition.eof": True,
         })
         topic = self._topics["changelog"]
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            if start > high:
+                # The store claims changelog records the topic does not hold (the topic was recreated, or the
+                # store comes from elsewhere): its state cannot be trusted, and a commit would take our own
+                # writes for another worker's. Rebuild it from the changelog.
+                log.warning("partition %d: local state is ahead of the changelog (offset %d, changelog ends at "
+                            "%d); refused: wiping it and restoring from the changelog", partition, start, high)
+                proc = self._wipe(partition)
+                start = 0
             records: list[bytes] = []
+            covered = None
+            position = start
             if high > start:
                 consumer.assign([TopicPartition(topic, partition, max(start, low) if start else OFFSET_BEGINNING)])
-                position = start
+                # read_committed stops at the last stable offset; transaction markers take offsets but yield no
+                # record, so the end is known from the partition-EOF event, not from a record's offset. After
+                # _fence no transaction of ours is open; a fenced zombie's is aborted by then, and the broker
+                # aborts any other after TRANSACTION_TIMEOUT_MS: wait that long at most.
+                deadline = time.monotonic() + TRANSACTION_TIMEOUT_MS / 1000 + 30
                 while position < high:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"restoring partition {partition}: the changelog stays open at "
+                                           f"{position} below its end {high}")
                     # A short timeout: librdkafka's consume() waits for the full count or the timeout.
                     for msg in consumer.consume(10000, timeout=0.1):
                         if msg.error():
@@ -188,23 +251,29 @@ class Engine:
                                 position = max(position, msg.offset())
                                 continue
                             raise RuntimeError(f"restoring partition {partition}: {msg.error()}")
-                        records.append(msg.value())
-                        position = msg.offset() + 1
+                        if msg.key() == COVERED_MARK:
+                            covered = int(msg.value())
+                        else:
+                            records.append(msg.value())
+                        position = max(position, msg.offset() + 1)
             if records:
                 crash_point("during_restore", f"partition {partition}, {len(records)} changelog records read")
-            applied = proc.restore(records, max(high, start))
+            meta = {} if covered is None else {COVERED_KEY: str(covered).encode()}
+            applied = proc.restore(records, position, meta)
             self.restored_records += applied
-            log.info("partition %d restored: %d changelog records from offset %d, %d applied",
-                     partition, len(records), start, applied)
-            return max(high, start)
+            raw = proc.state.store.get(COVERED_KEY)
+            self.covered[partition] = 0 if raw is None else int(raw)
+            log.info("partition %d restored: %d changelog records from offset %d, %d applied; commands "
+                     "covered below offset %d", partition, len(records), start, applied, self.covered[partition])
+            return position
         finally:
             consumer.close()
 
     # --- the commit path ------------------------------------------------------------------------------------
     async def process(self, records: list[CommandRecord]) -> None:
         # The next changelog offset of each partition of this batch, as of its restore. The batch commits
-        # against these even if a rebalance invalidates them meanwhile (its records are acked when it ends,
-        # so it must not drop work): step 5's check still catches another worker's writes.
+        # against these even if a rebalance invalidates them meanwhile (its records are acked when it ends, so
+        # it must not drop work): if another worker took a partition, our transaction for it is fenced.
         generation = self._generation
         owned: dict[int, int] = {}
         for partition in dict.fromkeys(r.partition for r in records):  # 1.
@@ -218,20 +287,22 @@ class Engine:
         started = time.perf_counter()
         commit_s = 0.0
         pending = 0
+        upto: dict[int, int] = {}  # next commands offset after the records decided since the last commit
         for r in records:  # 2.
-            if r.partition not in owned:
-                # Another worker wrote this partition's changelog at a commit earlier in this batch. Its
-                # remaining records have no changelog record of ours: acking them undecided would lose them.
-                raise PartitionLost(f"partition {r.partition}: changelog written by another worker in the "
-                                    f"middle of a batch; exiting so the batch is redone")
+            if r.offset < self.covered.get(r.partition, 0):
+                self.skipped_records += 1  # committed before a crash or a handover: published already
+                continue
             proc = self.processor(r.partition)
             before = len(proc.outputs)
             proc.handle(r.offset, r.timestamp_ms, r.key, r.value, r.headers)
+            upto[r.partition] = r.offset + 1
             pending += len(proc.outputs) - before
             if pending >= OUTPUTS_PER_COMMIT:  # records that are command batches can hold thousands
-                commit_s += await self._commit_timed(owned, generation)
+                commit_s += await self._commit_timed(owned, upto, generation)
+                upto = {}
                 pending = 0
-        commit_s += await self._commit_timed(owned, generation)
+        if upto:
+            commit_s += await self._commit_timed(owned, upto, generation)
         done = time.perf_counter()
         tally: Counter = Counter()
         for p in partitions:
@@ -243,47 +314,95 @@ class Engine:
         if self.stats.due():
             log.info("%s", self.stats.report())
 
-    async def _commit_timed(self, owned: dict[int, int], generation: int) -> float:
+    async def _commit_timed(self, owned: dict[int, int], upto: dict[int, int], generation: int) -> float:
         started = time.perf_counter()
-        lost = await asyncio.to_thread(self.commit, owned)
-        for p in lost:
-            self._expected.pop(p, None)
+        await asyncio.to_thread(self.commit, owned, upto)
         if self._generation == generation:
             self._expected.update(owned)
         return time.perf_counter() - started
 
-    def commit(self, owned: dict[int, int]) -> list[int]:
-        """Steps 3-5 (blocking). owned: the next changelog offset of each partition, moved on in place; a
-        partition found written by another worker is removed from it and returned."""
-        lost = []
-        batches = {p: self.processors[p].take() for p in owned}
-        self._send([o for outputs, _ in batches.values() for o in outputs])  # 3.
+    def commit(self, owned: dict[int, int], upto: dict[int, int]) -> None:
+        """Steps 3-5 (blocking) for the partitions in upto (partition: next commands offset decided).
+        owned: the next changelog offset of each partition, moved on in place."""
+        batches = {p: self.processors[p].take() for p in upto}
+        for p, (outputs, _) in batches.items():  # 3.
+            producer = self.producers[p]
+            try:
+                producer.begin_transaction()
+            except KafkaException as exc:
+                self._raise(p, exc)
+            self._send(outputs, producer)
+        self._map(lambda p: self.producers[p].flush(FLUSH_TIMEOUT_S), batches)
         crash_point("after_outputs", batches)
-        offsets = self._send_changelog({p: changelog for p, (_, changelog) in batches.items()})  # 4.
-        crash_point("after_changelog", owned)
-        for p, expected in list(owned.items()):  # 5.
+        last: dict[int, int] = {}
+        self._map(lambda p: self._commit_partition(p, batches[p][1], upto[p], last), batches)  # 4.
+        crash_point("after_changelog", upto)
+        for p in batches:  # 5.
             state = self.processors[p].state
-            written = offsets.get(p, [])
-            if written and written != list(range(expected, expected + len(written))):
-                log.warning("partition %d: changelog written by another worker since our restore "
-                            "(expected offset %d, got %s); restoring before its next command",
-                            p, expected, written[:3])
-                state.discard()
-                del owned[p]
-                lost.append(p)
-                continue
-            if state.has_staged:
-                crash_point("before_write", p)
-                state.commit(expected + len(written))
-                crash_point("after_write", p)
-                owned[p] = expected + len(written)
-        return lost
+            crash_point("before_write", p)
+            # Past the mark: the transaction's commit marker follows it; a restore from there reads it as
+            # nothing.
+            state.commit(last[p] + 1, {COVERED_KEY: str(upto[p]).encode()})
+            crash_point("after_write", p)
+            self.covered[p] = upto[p]
+            owned[p] = last[p] + 1
 
-    def _output_failed(self, err, msg) -> None:
-        self._output_failures.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+    def _map(self, fn, partitions) -> None:
+        """fn(p) for every partition, concurrently on the pool (librdkafka calls release the GIL)."""
+        partitions = list(partitions)
+        if SERIAL_COMMITS or len(partitions) == 1:
+            for p in partitions:
+                fn(p)
+            return
+        for future in [self._pool.submit(fn, p) for p in partitions]:
+            future.result()
 
-    def _send(self, outputs: list[Output]) -> None:
-        topics, producer = self._topics, self.outputs_producer
+    def _commit_partition(self, p: int, changelog: list[bytes], covered: int, last: dict[int, int]) -> None:
+        """Step 4 for one partition: its redo records and covered mark, then the transaction's commit."""
+        producer = self.producers[p]
+        topic = self._topics["changelog"]
+        errors: list[str] = []
+
+        def on_delivery(err, msg) -> None:
+            if err is not None:
+                errors.append(f"changelog[{msg.partition()}]: {err}")
+            else:
+                last[p] = max(last.get(p, -1), msg.offset())
+
+        for value in changelog:
+            produce(producer, topic, value, partition=p, on_delivery=on_delivery)
+        produce(producer, topic, str(covered).encode(), COVERED_MARK, partition=p, on_delivery=on_delivery)
+        remaining = producer.flush(FLUSH_TIMEOUT_S)
+        if remaining or errors:
+            # A fenced producer's sends fail too: say so, and end the worker (nothing of it becomes visible).
+            fenced = [e for e in errors if "fenc" in e.lower() or "epoch" in e.lower()]
+            if fenced:
+                log.warning("partition %d: transaction fenced: another worker owns the partition now (%s); "
+                            "exiting without acknowledging the batch", p, fenced[0])
+            raise DeliveryFailed(f"partition {p}: {remaining} unacknowledged; " + "; ".join(errors[:5]))
+        crash_point("during_transaction_commit", p)
+        for attempt in range(5):
+            try:
+                producer.commit_transaction(FLUSH_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.retriable() and not error.fatal() and not error.txn_requires_abort() and attempt < 4:
+                    continue  # the outcome is unknown: committing again is what librdkafka asks for
+                self._raise(p, exc)
+
+    @staticmethod
+    def _raise(p: int, exc: KafkaException) -> None:
+        error = exc.args[0]
+        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) \
+                or "fenc" in error.str().lower():
+            log.warning("partition %d: transaction fenced: another worker owns the partition now (%s); "
+                        "exiting without acknowledging the batch", p, error)
+        raise DeliveryFailed(f"partition {p}: transaction failed: {error}") from exc
+
+    def _send(self, outputs: list[Output], producer: Producer) -> None:
+        """One partition's outputs, into its open transaction. Failures surface at the commit."""
+        topics = self._topics
         follow_ups: dict[int, list[Output]] = {}  # per partition: a run of commands with one timestamp
         run_bytes: dict[int, int] = {}
         for o in outputs:
@@ -294,58 +413,31 @@ class Engine:
             size = run_bytes.get(o.partition, 0) + len(o.value)
             if run and (run[0].timestamp_ms != o.timestamp_ms or len(run) >= FOLLOW_UPS_PER_RECORD
                         or size > FOLLOW_UP_RECORD_BYTES):
-                self._send_commands(run)
+                self._send_commands(run, producer)
                 run.clear()
                 size = len(o.value)
             run.append(o)
             run_bytes[o.partition] = size
         for run in follow_ups.values():
             if run:
-                self._send_commands(run)
-        self._flush(producer, self._output_failures)
+                self._send_commands(run, producer)
 
-    def _send_commands(self, run: list[Output]) -> None:
+    def _send_commands(self, run: list[Output], producer: Producer) -> None:
         """Follow-up commands for one partition with one log time: several travel as one CommandBatch (the
         time is the record's, so only commands sharing it can share a record). Each command is the same
         bytes on every redo; which of them share a record depends on where batches were cut."""
         first = run[0]
         value = first.value if len(run) == 1 else \
             self._codec.encode("command_batch", {"commands": [o.value for o in run]})
-        produce(self.outputs_producer, self._topics["commands"], value, first.key, partition=first.partition,
+        produce(producer, self._topics["commands"], value, first.key, partition=first.partition,
                 headers=self.seal.headers(self._topics["commands"], first.partition, value),
                 timestamp=first.timestamp_ms)
 
-    def _send_changelog(self, changelogs: dict[int, list[bytes]]) -> dict[int, list[int]]:
-        offsets: dict[int, list[int]] = {p: [] for p in changelogs}
-        errors: list[str] = []
-        topic = self._topics["changelog"]
-        for partition, records in changelogs.items():
-            written = offsets[partition]
-
-            def on_delivery(err, msg, written=written) -> None:
-                if err is not None:
-                    errors.append(f"changelog[{msg.partition()}]: {err}")
-                else:
-                    written.append(msg.offset())
-
-            for value in records:
-                produce(self.changelog_producer, topic, value, partition=partition, on_delivery=on_delivery)
-        self._flush(self.changelog_producer, errors)
-        for written in offsets.values():
-            written.sort()
-        return offsets
-
-    @staticmethod
-    def _flush(producer: Producer, errors: list[str]) -> None:
-        remaining = producer.flush(FLUSH_TIMEOUT_S)
-        if remaining:
-            raise DeliveryFailed(f"{remaining} messages not acknowledged within {FLUSH_TIMEOUT_S}s")
-        if errors:
-            raise DeliveryFailed("; ".join(errors[:5]))
-
     def close(self) -> None:
-        self.outputs_producer.flush(FLUSH_TIMEOUT_S)
-        self.changelog_producer.flush(FLUSH_TIMEOUT_S)
+        for producer in self.producers.values():
+            producer.flush(FLUSH_TIMEOUT_S)
+        self.producers.clear()
         for proc in self.processors.values():
             proc.state.store.close()
         self.processors.clear()
+        self._pool.shutdown(wait=False)

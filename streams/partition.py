@@ -255,10 +255,12 @@ class PartitionState:
     def has_staged(self) -> bool:
         return bool(self._puts or self._deletes)
 
-    def commit(self, changelog_next_offset: int) -> None:
-        """Write everything staged, and the changelog position it corresponds to, in one atomic batch."""
+    def commit(self, changelog_next_offset: int, meta: dict[bytes, bytes] | None = None) -> None:
+        """Write everything staged, and the changelog position it corresponds to, in one atomic batch.
+        meta: more of the engine's bookkeeping (m/... keys) written in the same batch."""
         puts = {key: _dumps(value) if value.__class__ is dict else value for key, value in self._puts.items()}
         puts[CHANGELOG_OFFSET_KEY] = str(changelog_next_offset).encode()
+        puts.update(meta or {})
         self.store.write(puts, self._deletes)
         self._puts = {}
         self._deletes = set()
@@ -707,7 +709,7 @@ class PartitionProcessor:
         self.outputs, self.changelog = [], []
         return outputs, changelog
 
-    def restore(self, records: list[bytes], next_offset: int) -> int:
+    def restore(self, records: list[bytes], next_offset: int, meta: dict[bytes, bytes] | None = None) -> int:
         """Apply changelog records not yet in the store (skipping commands the inbox already has)."""
         applied = 0
         for encoded in records:
@@ -717,6 +719,6 @@ class PartitionProcessor:
             self.state.begin_command()  # nothing to undo here: keep the undo log from growing
             self.state.stage(change, encoded)
             applied += 1
-        self.state.commit(next_offset)
+        self.state.commit(next_offset, meta)
         self.state.discard()  # rebuild caches and the expiry heap from the store
         return applied

@@ -17,9 +17,9 @@ from streams import crashpoints
 from tests.harness import assert_exactly_once
 
 # (point, nth): late enough that the batch holds client commands and engine follow-ups (cross-partition
-# credits, two-phase votes); step 5's points are reached once per partition written.
-CASES = [("after_outputs", 2), ("after_changelog", 2), ("before_write", 3), ("after_write", 3),
-         ("during_restore", 3)]
+# credits, two-phase votes); during_transaction_commit and step 5's points are reached once per partition.
+CASES = [("after_outputs", 2), ("during_transaction_commit", 3), ("after_changelog", 2), ("before_write", 3),
+         ("after_write", 3), ("during_restore", 3)]
 USERS = 40
 BACKLOG = 400
 AFTER = 150

@@ -1,5 +1,5 @@
 """The engine without a broker (its sends are stubbed): how follow-up commands are packed into records, and
-what another worker's changelog writes do to a batch committed in parts."""
+which redelivered records a partition skips (those its committed transactions already cover)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +8,7 @@ import pytest
 
 from streams import engine as engine_module
 from streams.config import Settings
-from streams.engine import CommandRecord, Engine, PartitionLost
+from streams.engine import CommandRecord, Engine
 from streams.partition import Output, PartitionProcessor
 from streams.store import MemoryStore
 from tests.engine.test_partition import local_users, open_account
@@ -20,9 +20,8 @@ NO_BROKER = Settings(bootstrap="127.0.0.1:1", prefix="unit.", security={"log_lev
 def _runs(tmp_path, outputs: list[Output]) -> list[list[Output]]:
     eng = Engine(NO_BROKER, tmp_path)
     runs: list[list[Output]] = []
-    eng._send_commands = lambda run: runs.append(list(run))
-    eng._flush = lambda producer, errors: None
-    eng._send(outputs)
+    eng._send_commands = lambda run, producer: runs.append(list(run))
+    eng._send(outputs, None)
     return runs
 
 
@@ -47,30 +46,7 @@ def test_a_record_of_follow_ups_stays_far_below_kafkas_record_limit(tmp_path):
     assert sum(len(run) for run in runs) == 12 and len(runs) == 3
 
 
-# --- another worker's changelog writes seen at an intermediate commit (no broker: sends are stubbed) ---------
-def _engine_writing(tmp_path, monkeypatch, foreign_at_call: int) -> Engine:
-    """An engine whose changelog appends land where expected, except at call foreign_at_call (1-based):
-    there another worker's record came first, so ours land one offset later."""
-    # An intermediate commit after every second record.
-    monkeypatch.setattr(engine_module, "OUTPUTS_PER_COMMIT", 2 * _outputs_per_open())
-    eng = Engine(NO_BROKER, tmp_path)
-    eng.restore = lambda partition: 0
-    eng._send = lambda outputs: None
-    calls = {"n": 0, "end": 0}
-
-    def send_changelog(changelogs):
-        calls["n"] += 1
-        offsets = {}
-        for p, records in changelogs.items():
-            start = calls["end"] + (1 if calls["n"] == foreign_at_call else 0)
-            offsets[p] = list(range(start, start + len(records)))
-            calls["end"] = start + len(records)
-        return offsets
-
-    eng._send_changelog = send_changelog
-    return eng
-
-
+# --- records a committed transaction covers (no broker: the commit is stubbed) --------------------------------
 def _outputs_per_open() -> int:
     proc = PartitionProcessor(0, 8, MemoryStore())
     proc.handle(0, 1_700_000_000_000, b"k", _records(1)[0].value)
@@ -82,16 +58,31 @@ def _records(count: int) -> list[CommandRecord]:
             for i, u in enumerate(local_users(count))]
 
 
-def test_records_left_in_a_batch_after_another_workers_writes_end_the_worker_unacked(tmp_path, monkeypatch):
-    eng = _engine_writing(tmp_path, monkeypatch, foreign_at_call=1)
-    with pytest.raises(PartitionLost):  # acking the records after the first commit would lose them
-        asyncio.run(eng.process(_records(6)))
-    eng.close()
+def _engine_covering(tmp_path, monkeypatch, covered: int) -> tuple[Engine, list]:
+    """An engine whose restore finds the partition's commands covered below `covered`; commits are recorded."""
+    monkeypatch.setattr(engine_module, "OUTPUTS_PER_COMMIT", 2 * _outputs_per_open())
+    eng = Engine(NO_BROKER, tmp_path)
+    commits: list[tuple[dict, int]] = []
+
+    def restore(partition):
+        eng.covered[partition] = covered
+        return 0
+
+    def commit(owned, upto):
+        outputs, _ = eng.processors[0].take()
+        commits.append((dict(upto), len(outputs)))
+        eng.covered.update(upto)
+
+    eng.restore, eng.commit = restore, commit
+    return eng, commits
 
 
-def test_another_workers_writes_at_the_last_commit_drop_the_partition_until_restored(tmp_path, monkeypatch):
-    eng = _engine_writing(tmp_path, monkeypatch, foreign_at_call=2)
-    asyncio.run(eng.process(_records(4)))  # commits after records 2 and 4; the second finds a foreign write
-    assert 0 not in eng._expected, "the partition must restore before its next command"
-    assert eng.processors[0].state.changelog_offset() == 2, "the first commit stands; the second was dropped"
+def test_redelivered_records_a_committed_transaction_covers_are_skipped_without_a_result(tmp_path, monkeypatch):
+    eng, commits = _engine_covering(tmp_path, monkeypatch, covered=3)
+    asyncio.run(eng.process(_records(6)))
+    per_open = _outputs_per_open()
+    assert commits == [({0: 5}, 2 * per_open), ({0: 6}, per_open)], "records 0-2 were committed before"
+    assert eng.skipped_records == 3
+    asyncio.run(eng.process(_records(6)))  # all of them again (a redelivery after a crash before the ack)
+    assert len(commits) == 2 and eng.skipped_records == 9
     eng.close()
