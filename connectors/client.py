@@ -112,14 +112,25 @@ class LedgerClient:
     def send(self, command_id: str, body_name: str, body: dict[str, Any], routing_account: str) -> str:
         _require_id(command_id, "command_id")
         record = {"command_id": command_id, "client_id": self.client_id, "body": (f"ledger.{body_name}", body)}
-        encoded = self._codec.encode("command", record)
-        self.send_raw(encoded, routing_account)
-        self._answers.sent(command_id, encoded)
+        self._send_record(record, routing_account)
         return command_id
 
-    def send_raw(self, value: bytes, routing_account: str) -> None:
+    def _send_record(self, record: dict[str, Any], routing_account: str) -> None:
+        """A command where it must go: a transaction with debits in several partitions to its coordinator
+        and a copy to each other partition it debits (routing.placements), so that every partition it
+        touches decides it in this client's order (P10)."""
+        record, partitions = routing.placements(record, routing_account, self.settings.partitions)
+        encoded = self._codec.encode("command", record)
+        for partition in partitions:
+            self.send_raw(encoded, routing_account, partition)
+        self._answers.sent(record["command_id"], encoded)
+
+    def send_raw(self, value: bytes, routing_account: str, partition: int | None = None) -> None:
+        """Produce one encoded command (in order with everything this client sent) to the routing
+        account's partition, or to `partition`."""
         routing_key = routing.routing_key_for(routing.unsharded(routing_account))
-        partition = routing.partition_for_key(routing_key, self.settings.partitions)
+        if partition is None:
+            partition = routing.partition_for_key(routing_key, self.settings.partitions)
         key = routing_key.encode()
         if self._pending is not None:
             if self._pending_bytes.get(partition, 0) + len(value) > BATCH_MAX_BYTES and self._pending.get(partition):
@@ -176,9 +187,7 @@ class LedgerClient:
     def submit(self, plan) -> list[str]:
         """Send every command of a business-event rule's plan (connectors.rules); returns their ids."""
         for routing_account, record in plan:
-            encoded = self._codec.encode("command", record)
-            self.send_raw(encoded, routing_account)
-            self._answers.sent(record["command_id"], encoded)
+            self._send_record(record, routing_account)
         return list(plan.command_ids)
 
     def poll(self) -> None:

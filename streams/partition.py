@@ -402,11 +402,33 @@ class PartitionProcessor:
         except (TypeError, ValueError) as exc:  # a field the core refuses (e.g. empty id in a Leg)
             self._refuse_unreadable(record, kind, timestamp_ms, Rejection.INVALID_COMMAND, str(exc))
             return
+        if isinstance(command, core.PostTransaction) and self.spanning.is_copy(command):
+            self._expire_due(offset, timestamp_ms)
+            self.judge(command, offset)
+            return
         if self._answer_if_seen(command):
             return
         self._expire_due(offset, timestamp_ms)
+        self.judge(command, offset, seen_checked=True)
+
+    def judge(self, command: core.Command, offset: int, seen_checked: bool = False, woken: bool = False) -> None:
+        """A readable client command, in its place: a producer's copy of a multi-partition transaction
+        reserves here; a retry of a transaction under way is answered when decided; a command that must wait
+        for a transaction in flight waits (spanning.waits); anything else is judged and routed. woken: it
+        waited and its turn has come (spanning.drain), so it waits no more."""
+        if isinstance(command, core.PostTransaction) and self.spanning.is_copy(command):
+            if not woken and self.spanning.waits(command):
+                self.spanning.wait(command, offset)
+            else:
+                self.spanning.copy(command, offset)
+            return
+        if not seen_checked and self._answer_if_seen(command):
+            return
         if self.spanning.under_way(command):  # a retry of a transaction in flight: answered when decided
             self._route_and_execute(command, offset)
+            return
+        if not woken and self.spanning.waits(command):
+            self.spanning.wait(command, offset)
             return
         refusal = self.spanning.refusal(command)
         if refusal is not None:
@@ -445,7 +467,10 @@ class PartitionProcessor:
         return True
 
     def _expire_due(self, offset: int, now_ms: int) -> None:
-        """Expire every open hold whose expires_at_ms has passed in log time (deterministic: P7)."""
+        """Expire every open hold whose expires_at_ms has passed in log time (deterministic: P7), and drop the
+        reservations of copies whose coordinator never confirmed them (spanning.expire_copies)."""
+        if self.spanning.expire_copies(offset, now_ms):
+            self.spanning.drain(offset)
         heap = self.state.expiries
         while heap and heap[0][0] <= now_ms:
             _, hold_id = heapq.heappop(heap)
@@ -681,6 +706,9 @@ class PartitionProcessor:
         command is given as sent: its fingerprint is what a retry is compared with."""
         wire = rejection_to_wire(command.command_id, command.client_id, command.at_ms, reason, limits.clip(detail))
         self.commit_change(command.client_id, command.command_id, command.fingerprint(), self._offset, wire)
+        if isinstance(command, core.PostTransaction) and command.client_id != ENGINE_CLIENT and \
+                dict(command.metadata).get(routing.PLACED) == routing.PLACED_VALUE:
+            self.spanning.cancel_copies(command)
 
     def _dead_letter(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
                      reason: str, detail: str, index: int | None = None) -> None:

@@ -46,6 +46,26 @@ SPANNING_KINDS = frozenset({"Reserve", "Vote", "Decide"})
 INTERNAL_HOLD_MARK = "~"
 CLEARING_PREFIX = "sys:clearing:"
 VOTE_DETAIL_CHARS = 256  # a vote's detail is kept in the coordinator's record, one per participant
+# How long (log time of the participant) a copy's reservation waits for the coordinator's Reserve before it is
+# dropped: the coordinator never got the command (its producer died between the sends, or wrote a copy only).
+COPY_WAIT_MS = 300_000
+COPY_TIMEOUTS = "o"  # engine record: [[due_ms, transaction key]] of copies' reservations not yet confirmed
+WAITING = "w"  # engine record: the commands waiting for transactions in flight, in arrival order
+WAITING_LIMIT = 1_000  # beyond it a command that would wait is refused in_flight
+
+
+def _fingerprint(kind: str, body: dict) -> str:
+    return hashlib.sha256(repr((kind, sorted(body.items()))).encode()).hexdigest()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
 
 
 def _accepted(command_id: str, at_ms: int, detail: str = "") -> dict[str, Any]:
@@ -149,14 +169,33 @@ class Spanning:
         participants = sorted({proc._home(l.account_id) for l in tx.legs if l.amount < 0} - {None})
         record = {"tx": command_to_wire(tx)["body"][1], "at_ms": tx.at_ms, "participants": participants,
                   "votes": {}, "retries": 0, "offset": offset, "fingerprint": tx.fingerprint()}
+        for p in participants:
+            account = next(l.account_id for l in tx.legs if l.amount < 0 and proc._home(l.account_id) == p)
+            body = {"transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
+                    "coordinator_partition": proc.partition, "transaction": record["tx"]}
+            if p != proc.partition:
+                self._send(key, "Reserve", p, routing.routing_key_for(account), tx.at_ms, body)
+            elif self.state.change_record(ENGINE_CLIENT, f"{key}~reserve~{p}") is None:
+                # Its own debits are reserved here and now, at the command's position (P10); before the begin
+                # record, so a crash between the two leaves a prefix a redo completes (the begin record makes
+                # a redelivery a retry).
+                self._reserve(key, f"{key}~reserve~{p}", _fingerprint("Reserve", body), body, offset, tx.at_ms)
         proc.commit_change(ENGINE_CLIENT, f"{key}~begin", "", offset,
                            _accepted(f"{key}~begin", tx.at_ms, f"reserving in partitions {participants}"),
                            records=[(f"c/{key}", record)])
-        for p in participants:
+
+    def cancel_copies(self, tx: core.PostTransaction) -> None:
+        """The coordinator refused a transaction its producer placed in several partitions: the copies'
+        reservations are released at once (an abort), not after COPY_WAIT_MS."""
+        proc = self.proc
+        if proc.partition != next((proc._home(l.account_id) for l in tx.legs
+                                   if l.amount < 0 and proc._home(l.account_id) is not None), None):
+            return
+        key = f"{tx.client_id}/{tx.command_id}"
+        for p in sorted({proc._home(l.account_id) for l in tx.legs if l.amount < 0} - {None, proc.partition}):
             account = next(l.account_id for l in tx.legs if l.amount < 0 and proc._home(l.account_id) == p)
-            self._send(key, "Reserve", p, routing.routing_key_for(account), tx.at_ms, {
-                "transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
-                "coordinator_partition": proc.partition, "transaction": record["tx"]})
+            self._send(key, "Decide", p, routing.routing_key_for(account), tx.at_ms, {
+                "transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id, "commit": False})
 
     def _currency(self, leg: Leg) -> str | None:
         currency = leg.currency or routing.system_currency(leg.account_id)
@@ -171,10 +210,12 @@ class Spanning:
     def handle(self, kind: str, record: dict[str, Any], offset: int, at_ms: int) -> None:
         proc = self.proc
         command_id = record["command_id"]
-        fingerprint = hashlib.sha256(repr((kind, sorted(record["body"][1].items()))).encode()).hexdigest()
+        fingerprint = _fingerprint(kind, record["body"][1])
         stored = self.state.change_record(ENGINE_CLIENT, command_id)
         if stored is not None:  # redelivered: its effects and outputs exist already
             proc.answer_again(stored)
+            if kind == "Decide":  # a crash may have cut the waiting commands it woke: they go on
+                self.drain(offset)
             return
         proc._expire_due(offset, at_ms)
         body = record["body"][1]
@@ -185,6 +226,38 @@ class Spanning:
     def _reserve(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
         proc, state = self.proc, self.state
         tx = self._transaction(body, at_ms)
+        copy_id = f"{key}~copy~{proc.partition}"
+        reservation = state.record(f"r/{key}")
+        failure: tuple[Rejection, str] | None = None
+        records: list[tuple[str, Any]] = []
+        if reservation is not None and reservation.get("copy") == tx.fingerprint():
+            # Reserved already at the position of the producer's own copy: that is this partition's vote.
+            records = [(f"r/{key}", {**reservation, "copy": None}), *self._without_timeout(key)]
+        else:
+            if reservation is not None and reservation.get("copy"):  # a copy of another payload: undone
+                self._unreserve(key, reservation, f"{key}~uncopy~{proc.partition}", offset, at_ms)
+            stored = state.change_record(ENGINE_CLIENT, copy_id)
+            copied = stored is not None and stored["fingerprint"] == tx.fingerprint() and \
+                self.proc._codec.decode("result", stored["result"])
+            if copied and copied["outcome"] == "rejected":  # the copy could not reserve: that is the vote
+                failure = Rejection.from_code(copied["reason"]), copied["detail"]
+            else:
+                failure, records = self._lock_debits(key, tx, offset, at_ms, copy=False)
+        reason, detail = (None, "") if failure is None else (failure[0].code, limits.clip(failure[1], VOTE_DETAIL_CHARS))
+        wire = _accepted(command_id, at_ms) if failure is None else \
+            rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, failure[0], failure[1])
+        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records)
+        coordinator_account = next(l.account_id for l in tx.legs if l.amount < 0 and not routing.is_system(l.account_id))
+        self._send(key, "Vote", body["coordinator_partition"], routing.routing_key_for(coordinator_account), at_ms, {
+            "transaction_client_id": body["transaction_client_id"],
+            "transaction_command_id": body["transaction_command_id"],
+            "participant": proc.partition, "reason": reason, "detail": detail})
+
+    def _lock_debits(self, key: str, tx: core.PostTransaction, offset: int, at_ms: int,
+                     copy: bool) -> tuple[tuple[Rejection, str] | None, list[tuple[str, Any]]]:
+        """Reserve this partition's debits of tx (all or nothing). Returns (failure, engine records to write);
+        on success the last record is the reservation ``r/<key>``."""
+        proc, state = self.proc, self.state
         mine = [leg for leg in tx.legs if leg.amount < 0 and proc._home(leg.account_id) == proc.partition]
         failure: tuple[Rejection, str] | None = None
         locks: dict[str, list] = {}  # hold id -> [account, amount]
@@ -205,12 +278,13 @@ class Spanning:
         placed: list[list] = []  # [internal hold id, account, amount]
         if failure is None:
             failure = self._over_budget(key, list(plain) + [a for a, _ in locks.values()], locks)
+        tag = "~copy" if copy else ""
         if failure is None:
             for account_id, amount in plain.items():
-                hold_id = f"{INTERNAL_HOLD_MARK}{key}~{account_id}"
-                result = proc._execute(core.PlaceHold(command_id=f"{key}~hold~{account_id}", client_id=ENGINE_CLIENT,
-                                                      at_ms=at_ms, hold_id=hold_id, account_id=account_id,
-                                                      amount=amount), offset)
+                hold_id = f"{INTERNAL_HOLD_MARK}{key}{tag}~{account_id}"
+                result = proc._execute(core.PlaceHold(command_id=f"{key}{tag}~hold~{account_id}",
+                                                      client_id=ENGINE_CLIENT, at_ms=at_ms, hold_id=hold_id,
+                                                      account_id=account_id, amount=amount), offset)
                 if result.outcome != "accepted":
                     failure = result.reason, result.detail
                     break
@@ -218,25 +292,181 @@ class Spanning:
         records: list[tuple[str, Any]] = []
         if failure is not None:
             for hold_id, account_id, _ in placed:
-                self._release(key, hold_id, account_id, offset, at_ms)
+                self._release(key, hold_id, account_id, offset, at_ms, tag)
+            return failure, []
+        for hold_id, (account_id, amount) in locks.items():
+            current = state.record(f"l/{hold_id}") or {}
+            records.append((f"l/{hold_id}", {**current, key: amount}))
+        for account_id in dict.fromkeys([a for _, a, _ in placed] + [a for a, _ in locks.values()]):
+            current = state.record(f"k/{account_id}") or []
+            records.append((f"k/{account_id}", [*current, key]))
+        records.append((f"r/{key}", {"holds": placed, "locks": [[h, a, n] for h, (a, n) in locks.items()],
+                                     "at_ms": at_ms, "tx": command_to_wire(tx)["body"][1], "tag": tag,
+                                     "copy": tx.fingerprint() if copy else None}))
+        return None, records
+
+    # --- the producer's copies: reserve at the copy's own position (P10) ---------------------------------------
+    def is_copy(self, tx: core.PostTransaction) -> bool:
+        """A transaction the producer placed in every partition it debits, arriving at a participant that is
+        not its coordinator."""
+        if tx.client_id == ENGINE_CLIENT or dict(tx.metadata).get(routing.PLACED) != routing.PLACED_VALUE:
+            return False
+        proc = self.proc
+        debit_homes = [proc._home(l.account_id) for l in tx.legs if l.amount < 0]
+        homes = set(debit_homes) - {None}
+        if len(homes) < 2 or proc.partition not in homes:
+            return False
+        return next(h for h in debit_homes if h is not None) != proc.partition
+
+    def copy(self, tx: core.PostTransaction, offset: int) -> None:
+        """The producer's copy of a multi-partition transaction: this partition reserves its debits now, at
+        the position the producer gave it among its other commands, and votes with that reservation when
+        the coordinator's Reserve arrives. The client's answer comes from the coordinator alone."""
+        proc, state = self.proc, self.state
+        key = f"{tx.client_id}/{tx.command_id}"
+        copy_id = f"{key}~copy~{proc.partition}"
+        if state.change_record(ENGINE_CLIENT, copy_id) is not None:
+            return  # the copy sent again (a retry): its effect exists, the coordinator answers
+        late = state.record(f"r/{key}") is not None or \
+            state.change_record(ENGINE_CLIENT, f"{key}~reserve~{proc.partition}") is not None or \
+            state.change_record(ENGINE_CLIENT, f"{key}~decide~{proc.partition}") is not None
+        if late or self.refusal(tx) is not None:
+            # Reserved or decided already (the coordinator's step came first), or a command the coordinator
+            # refuses: nothing to reserve here.
+            proc.commit_change(ENGINE_CLIENT, copy_id, tx.fingerprint(), offset,
+                               _accepted(copy_id, tx.at_ms, "nothing to reserve"))
+            return
+        failure, records = self._lock_debits(key, tx, offset, tx.at_ms, copy=True)
+        if failure is None:
+            timeouts = state.record(COPY_TIMEOUTS) or []
+            records.append((COPY_TIMEOUTS, [*timeouts, [tx.at_ms + COPY_WAIT_MS, key]]))
+            wire = _accepted(copy_id, tx.at_ms, "reserved")
         else:
-            for hold_id, (account_id, amount) in locks.items():
-                current = state.record(f"l/{hold_id}") or {}
-                records.append((f"l/{hold_id}", {**current, key: amount}))
-            for account_id in dict.fromkeys([a for _, a, _ in placed] + [a for a, _ in locks.values()]):
-                current = state.record(f"k/{account_id}") or []
-                records.append((f"k/{account_id}", [*current, key]))
-            records.append((f"r/{key}", {"holds": placed, "locks": [[h, a, n] for h, (a, n) in locks.items()],
-                                         "at_ms": at_ms, "tx": body["transaction"]}))
-        reason, detail = (None, "") if failure is None else (failure[0].code, limits.clip(failure[1], VOTE_DETAIL_CHARS))
-        wire = _accepted(command_id, at_ms) if failure is None else \
-            rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, failure[0], failure[1])
-        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records)
-        coordinator_account = next(l.account_id for l in tx.legs if l.amount < 0 and not routing.is_system(l.account_id))
-        self._send(key, "Vote", body["coordinator_partition"], routing.routing_key_for(coordinator_account), at_ms, {
-            "transaction_client_id": body["transaction_client_id"],
-            "transaction_command_id": body["transaction_command_id"],
-            "participant": proc.partition, "reason": reason, "detail": detail})
+            wire = rejection_to_wire(copy_id, ENGINE_CLIENT, tx.at_ms, failure[0],
+                                     limits.clip(failure[1], VOTE_DETAIL_CHARS))
+        proc.commit_change(ENGINE_CLIENT, copy_id, tx.fingerprint(), offset, wire, records=records)
+
+    def _without_timeout(self, key: str) -> list[tuple[str, Any]]:
+        timeouts = self.state.record(COPY_TIMEOUTS) or []
+        rest = [t for t in timeouts if t[1] != key]
+        return [(COPY_TIMEOUTS, rest or None)] if len(rest) != len(timeouts) else []
+
+    def _unreserve(self, key: str, reservation: dict, command_id: str, offset: int, at_ms: int) -> None:
+        """Drop a reservation the coordinator never confirmed (a copy of another payload, or one whose
+        Reserve did not come within COPY_WAIT_MS of log time)."""
+        for hold_id, account_id, _ in reservation["holds"]:
+            self._release(key, hold_id, account_id, offset, at_ms, "~uncopy")
+        self.proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
+                                records=[*self._dropped(key, reservation), *self._without_timeout(key)])
+        self._reindex(reservation)
+
+    def expire_copies(self, offset: int, now_ms: int) -> bool:
+        """Reservations of copies whose Reserve has not come within COPY_WAIT_MS of log time are dropped (the
+        coordinator never got the command: a producer that died between its sends, or one that wrote a copy
+        only). True if one was dropped."""
+        timeouts = self.state.record(COPY_TIMEOUTS)
+        if not timeouts or min(t for t, _ in timeouts) > now_ms:
+            return False
+        for due, key in sorted(timeouts):
+            if due > now_ms:
+                break
+            reservation = self.state.record(f"r/{key}")
+            if reservation is not None and reservation.get("copy"):
+                self._unreserve(key, reservation, f"{key}~copyexpired~{self.proc.partition}", offset, now_ms)
+        return True
+
+    # --- commands that wait for transactions in flight -----------------------------------------------------
+    def _keys(self, command: core.Command) -> list[str]:
+        keys: list[str] = []
+        if isinstance(command, core.PostTransaction):
+            for leg in command.legs:
+                keys.append(f"a:{leg.account_id}")
+                if leg.hold_id is not None:
+                    keys.append(f"h:{leg.hold_id}")
+        else:
+            account_id = getattr(command, "account_id", None)
+            hold_id = getattr(command, "hold_id", None)
+            if hold_id is not None:
+                keys.append(f"h:{hold_id}")
+                hold = self.state.hold(hold_id)
+                if account_id is None and hold is not None:
+                    account_id = hold.account_id
+            if account_id is not None:
+                keys.append(f"a:{account_id}")
+        return keys
+
+    def waits(self, command: core.Command) -> bool:
+        """Whether a client's command must wait for a transaction in flight before it is decided: it ends a
+        hold a reservation has locked (release, expire), freezes or closes an account with reservations, or
+        names a hold or account a waiting command names (so it keeps its place behind it)."""
+        if command.client_id == ENGINE_CLIENT:
+            return False
+        queue = self.state.record(WAITING)
+        if queue:
+            waiting = {k for entry in queue for k in entry["keys"]}
+            if waiting.intersection(self._keys(command)):
+                return True
+        if isinstance(command, (core.ReleaseHold, core.ExpireHold)):
+            return not command.hold_id.startswith(INTERNAL_HOLD_MARK) and self.locked(command.hold_id)
+        if isinstance(command, (core.FreezeAccount, core.CloseAccount)):
+            return bool(self.state.record(f"k/{command.account_id}"))
+        return False
+
+    def wait(self, command: core.Command, offset: int) -> None:
+        """Queue the command; it is decided, at its own log time, once what it waits for is decided."""
+        proc = self.proc
+        wait_id = f"{command.client_id}/{command.command_id}~wait~{proc.position}"
+        if self.state.change_record(ENGINE_CLIENT, wait_id) is not None:
+            return  # this very record redone after a crash: it waits already
+        queue = self.state.record(WAITING) or []
+        if len(queue) >= WAITING_LIMIT:
+            proc._reject_command(command, Rejection.IN_FLIGHT,
+                                 f"{len(queue)} commands already wait for transactions in flight here")
+            return
+        entry = {"keys": self._keys(command), "command": _jsonable(command_to_wire(command)), "at_ms": command.at_ms}
+        proc.commit_change(ENGINE_CLIENT, wait_id, "", offset,
+                           _accepted(wait_id, command.at_ms, "waits for a transaction in flight"),
+                           records=[(WAITING, [*queue, entry])])
+
+    def drain(self, offset: int) -> None:
+        """Decide, in order, the waiting commands nothing holds back any more (after a decision or a dropped
+        reservation freed locks)."""
+        proc, state = self.proc, self.state
+        position = proc.position
+        index = 0
+        while True:
+            queue = state.record(WAITING) or []
+            ahead: set[str] = set()
+            chosen = None
+            for i, entry in enumerate(queue):
+                record = entry["command"]
+                command = command_from_wire({**record, "body": tuple(record["body"])}, entry["at_ms"])
+                if not ahead.intersection(entry["keys"]) and not self._blocked(command):
+                    chosen = i, command
+                    break
+                ahead.update(entry["keys"])
+            if chosen is None:
+                break
+            i, command = chosen
+            index += 1
+            proc.position = f"{position}.w{index}"
+            # Judged first, then taken off the queue: a crash between the two leaves it queued, and the redo
+            # finds it decided (answered again, flagged duplicate) before taking it off.
+            proc.judge(command, offset, woken=True)
+            queue = state.record(WAITING) or []
+            rest = [e for e in queue if e is not queue[i]] if i < len(queue) else queue
+            woke_id = f"{command.client_id}/{command.command_id}~woke~{proc.position}"
+            if state.change_record(ENGINE_CLIENT, woke_id) is None:
+                proc.commit_change(ENGINE_CLIENT, woke_id, "", offset, _accepted(woke_id, command.at_ms),
+                                   records=[(WAITING, rest or None)])
+        proc.position = position
+
+    def _blocked(self, command: core.Command) -> bool:
+        if isinstance(command, (core.ReleaseHold, core.ExpireHold)):
+            return self.locked(command.hold_id)
+        if isinstance(command, (core.FreezeAccount, core.CloseAccount)):
+            return bool(self.state.record(f"k/{command.account_id}"))
+        return False
 
     def _over_budget(self, key: str, accounts: list[str], locks: dict[str, list]) -> tuple[Rejection, str] | None:
         """The in-flight records a reservation rewrites (one list per account, one map per locked hold) grow
@@ -282,21 +512,27 @@ class Spanning:
             proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
                                records=[(f"c/{key}", pending)])
             return
-        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
-                           records=[(f"c/{key}", None)])
         client_id, tx_command_id = key.split("/", 1)
         tx = self._transaction({"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
                                 "transaction": pending["tx"]}, at_ms)
         failures = sorted((Rejection.from_code(r), d) for r, d in pending["votes"].values() if r is not None)
         reserved = [int(p) for p, (r, _) in pending["votes"].items() if r is None]
         commit = False
-        if failures:
+        # The decision is written before this vote's own record (which ends the in-flight record): a crash
+        # between them leaves the transaction in flight with its decision made, and the redone vote finds it.
+        decided = self.state.change_record(tx.client_id, tx.command_id)
+        if decided is not None:  # redone after such a crash: the decision and its outputs exist
+            result_wire = proc._codec.decode("result", decided["result"])
+            commit = result_wire["outcome"] == "accepted"
+        elif failures:
             reason, detail = failures[0]
             wire = rejection_to_wire(tx.command_id, tx.client_id, at_ms, reason, detail)
             proc.commit_change(tx.client_id, tx.command_id, tx.fingerprint(), offset, wire)
             result_wire = wire
         else:
             commit, result_wire = self._post_credits(tx, offset, at_ms)
+        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
+                           records=[(f"c/{key}", None)])
         for _ in range(pending["retries"]):
             proc._emit_result({**result_wire, "duplicate": True})
         for p in sorted(reserved):
@@ -344,6 +580,20 @@ class Spanning:
         if reservation is None:
             proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms, "late"))
             return
+        records = [*self._dropped(key, reservation), *self._without_timeout(key)]
+        if body["commit"]:
+            self._commit(key, reservation, offset)
+        else:
+            for hold_id, account_id, _ in reservation["holds"]:
+                self._release(key, hold_id, account_id, offset, at_ms)
+        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
+                           records=records)
+        self._reindex(reservation)
+        self.drain(offset)
+
+    def _dropped(self, key: str, reservation: dict) -> list[tuple[str, Any]]:
+        """The engine records without this reservation: its own record, its locks, its accounts' lists."""
+        state = self.state
         records: list[tuple[str, Any]] = [(f"r/{key}", None)]
         for hold_id, _, _ in reservation["locks"]:
             rest = {k: v for k, v in (state.record(f"l/{hold_id}") or {}).items() if k != key}
@@ -352,13 +602,10 @@ class Spanning:
         for account_id in accounts:
             rest = [k for k in (state.record(f"k/{account_id}") or []) if k != key]
             records.append((f"k/{account_id}", rest or None))
-        if body["commit"]:
-            self._commit(key, reservation, offset)
-        else:
-            for hold_id, account_id, _ in reservation["holds"]:
-                self._release(key, hold_id, account_id, offset, at_ms)
-        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
-                           records=records)
+        return records
+
+    def _reindex(self, reservation: dict) -> None:
+        state = self.state
         for hold_id, _, _ in reservation["locks"]:  # expiry skipped while locked: index it again
             hold = state.hold(hold_id)
             if hold is not None and hold.status is HoldStatus.OPEN and hold.expires_at_ms is not None:
@@ -384,8 +631,8 @@ class Spanning:
         result = proc._execute(command, offset)
         assert result.outcome == "accepted", f"reserved debits refused at commit: {result}"
 
-    def _release(self, key: str, hold_id: str, account_id: str, offset: int, at_ms: int) -> None:
-        self.proc._execute(core.ReleaseHold(command_id=f"{key}~release~{account_id}", client_id=ENGINE_CLIENT,
+    def _release(self, key: str, hold_id: str, account_id: str, offset: int, at_ms: int, tag: str = "") -> None:
+        self.proc._execute(core.ReleaseHold(command_id=f"{key}{tag}~release~{account_id}", client_id=ENGINE_CLIENT,
                                             at_ms=at_ms, hold_id=hold_id), offset)
 
     def _transaction(self, body: dict, at_ms: int) -> core.PostTransaction:

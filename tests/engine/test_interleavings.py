@@ -17,12 +17,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from schemas.codec import codec
 from streams import routing
 from tests.helpers.bus import Bus, Crash
 from tests.helpers.oracles import Oracles
 from tests.helpers.records import N, batch, command, open_account, tx
 from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, SELLER_USDT, TRADE, setup_trade
 
+C = codec()
 SEEDS = range(6)
 CHAOS = {"max_records": 3, "crash_rate": 0.15, "restart_rate": 0.05}
 
@@ -165,21 +167,28 @@ def test_two_cross_partition_transactions_on_one_account_with_funds_for_one(seed
 
 # --- order across partitions (P10) ---------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "P10 is not kept yet: a trade goes to its coordinator's partition and reaches the seller's partition "
-    "only as a Reserve one hop later, while a close the same producer sends afterwards goes straight to the "
-    "seller's partition; when that partition delivers first, the close releases the ask and the trade is "
-    "rejected (hold_not_open) although it was sent first"))
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_close_sent_after_a_trade_never_overtakes_it(seed):
+    """The producer places the trade in both partitions it debits (as LedgerClient does), so the seller's
+    partition reserves the ask at the trade's own position, before the close; the close then waits for the
+    trade's decision and releases exactly what the trade left."""
     bus, oracles = checked_bus()
     setup_trade(bus)
-    send(bus, oracles, tx("fill-1", fill("fill-1", 5_000_000)), BUYER_USDT)
+    trade = tx("fill-1", fill("fill-1", 5_000_000))
+    placed = bus.send_placed(trade, BUYER_USDT)
+    assert placed == [BUYER_P, SELLER_P]
+    oracles.sent_command(bus.logs[BUYER_P][-1].value)
     send(bus, oracles, command("close:ask", "ReleaseHold", {"hold_id": "ask"}), SELLER_BTC)
+    send(bus, oracles, command("close:bid", "ReleaseHold", {"hold_id": "bid"}), BUYER_USDT)
     finish(bus, oracles, seed)
     assert outcome(bus, "fill-1") == "accepted", "the trade was sent before the close"
     ask = bus.hold("ask", SELLER_BTC)
     assert (ask.status.value, ask.captured, ask.released) == ("released", 5_000_000, 15_000_000)
+    bid = bus.hold("bid", BUYER_USDT)
+    assert (bid.status.value, bid.captured, bid.released) == ("released", 2_995_000_000, 27_005_000_000)
+    for close in ("close:ask", "close:bid"):
+        assert outcome(bus, close) == "accepted"
+        assert len([r for r in bus.results if r["command_id"] == close and not r["duplicate"]]) == 1
 
 
 # --- many transactions in flight: a property test ---------------------------------------------------------------
@@ -323,10 +332,19 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
     oracles.check_quiet()
     window: list[tuple[bytes, str]] = []
 
+    # Half the runs send as LedgerClient does: a transaction with debits in several partitions also goes, as
+    # a copy, to each other partition it debits (routing.placements).
+    placing = rng.random() < 0.5
+
     def flush() -> None:
         by_partition: dict[int, list[tuple[bytes, str]]] = {}
         for value, account in window:
-            by_partition.setdefault(routing.partition_of_account(account, N), []).append((value, account))
+            partitions = [routing.partition_of_account(account, N)]
+            if placing:
+                record, partitions = routing.placements(C.decode("command", value), account, N)
+                value = C.encode("command", record)
+            for partition in partitions:
+                by_partition.setdefault(partition, []).append((value, account))
         for partition, items in by_partition.items():
             for value, _ in items:
                 oracles.sent_command(value)
@@ -334,7 +352,7 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
                 bus.send_to(partition, batch(*[v for v, _ in items]))
             else:
                 for value, account in items:
-                    bus.send(value, account)
+                    bus.send_to(partition, value, key=routing.routing_key_for(account).encode())
         window.clear()
 
     for op in operations:
@@ -367,20 +385,14 @@ operation_lists = st.lists(ops, min_size=15, max_size=40)
 @PROPERTY
 @given(operations=operation_lists, seed=st.integers(0, 2**32 - 1), follow_up_batches=st.booleans())
 def test_many_transactions_in_flight_keep_every_promise_in_any_interleaving(operations, seed, follow_up_batches):
-    """A crash may cut the changelog between the redo records of two command records, not inside one
-    command's records: that case breaks today (the test below)."""
+    """A crash may cut the changelog between the redo records of two command records (the test below cuts
+    anywhere)."""
     run_interleaved(operations, seed, follow_up_batches, changelog_cuts="between_records")
 
 
-VOTE_BUG = (
-    "the final Vote of a multi-partition transaction writes its own redo record (which deletes the coordinator's "
-    "in-flight record) before the record that posts the transaction's credit side; a crash after the first is "
-    "durable but not the second loses the posting for good: the redone Vote is answered from the inbox, the "
-    "client was told 'accepted' and the participants commit, so the money stays in clearing (P6), and a retry "
-    "begins the transaction again and never finishes (P8)")
-
-
-@pytest.mark.xfail(strict=True, reason=VOTE_BUG)
+# A crash may cut the changelog anywhere, even between the redo records of one command (the final Vote
+# writes the transaction's decision first, then its own record that ends the in-flight record): the redo
+# finds the decision and completes the vote.
 @PROPERTY
 @given(operations=operation_lists, seed=st.integers(0, 2**32 - 1), follow_up_batches=st.booleans())
 # One trade whose schedule (seed 44 with this generator) crashes the coordinator after the final Vote's own redo
@@ -391,13 +403,11 @@ def test_many_transactions_in_flight_keep_every_promise_when_a_crash_cuts_a_comm
     run_interleaved(operations, seed, follow_up_batches, changelog_cuts="anywhere")
 
 
-@pytest.mark.xfail(strict=True, reason=VOTE_BUG)
 def test_a_crash_between_the_final_votes_redo_records_loses_nothing():
     bus, oracles = checked_bus()
     setup_trade(bus)
     send(bus, oracles, tx("fill-1", TRADE), BUYER_USDT)
-    step(bus, oracles, BUYER_P)  # begun
-    step(bus, oracles, BUYER_P)  # the coordinator reserves its own debits and votes
+    step(bus, oracles, BUYER_P)  # begun; the coordinator reserves its own debits at once and votes
     step(bus, oracles, SELLER_P)  # the seller's partition reserves and votes
     step(bus, oracles, BUYER_P)  # the first vote
     # The last vote: all outputs out (the result, the seller's credit, both Decides), then only the vote's own

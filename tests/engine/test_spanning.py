@@ -74,24 +74,28 @@ def test_redelivered_protocol_messages_change_nothing():
     assert_books_balance(bus)
 
 
-def test_a_locked_hold_cannot_be_released_while_the_transaction_is_in_flight():
+def test_a_release_or_freeze_of_what_a_transaction_in_flight_reserved_waits_for_its_decision():
+    """Instead of a refusal (in_flight), the release and the freeze wait, and are decided right after the
+    transaction, at their own log time: as if the transaction, sent first, had been decided first."""
     bus = Bus()
-    setup_trade(bus)
+    setup_trade(bus, ask=30_000_000, seller_btc=30_000_000)
     seller_p = routing.partition_of_account(SELLER_BTC, N)
     buyer_p = routing.partition_of_account(BUYER_USDT, N)
     bus.send(tx("fill-1", TRADE), BUYER_USDT)
-    bus.step(buyer_p)  # coordinator: begin, Reserve sent to both partitions
+    bus.step(buyer_p)  # coordinator: begun, its own side reserved, Reserve sent to the seller's partition
     while bus.pending(seller_p):
-        bus.step(seller_p)  # the seller's partition reserves (locks the ask hold) and votes
+        bus.step(seller_p)  # the seller's partition reserves (locks 0.2 of the 0.3 BTC ask) and votes
     bus.send(command("release:ask", "ReleaseHold", {"hold_id": "ask"}), SELLER_BTC)
     bus.send(command("freeze:s", "FreezeAccount", {"account_id": SELLER_BTC}), SELLER_BTC)
     bus.step(seller_p)
     bus.step(seller_p)
-    assert bus.result("release:ask")["reason"] == "in_flight"
-    assert bus.result("freeze:s")["reason"] == "in_flight"
+    assert not [r for r in bus.results if r["command_id"] in ("release:ask", "freeze:s")], "both wait"
     bus.run()
     assert bus.result("fill-1")["outcome"] == "accepted"
-    assert bus.hold("ask", SELLER_BTC).status.value == "captured"
+    assert bus.result("release:ask")["outcome"] == "accepted"
+    assert bus.result("freeze:s")["outcome"] == "accepted"
+    ask = bus.hold("ask", SELLER_BTC)
+    assert (ask.status.value, ask.captured, ask.released) == ("released", 20_000_000, 10_000_000)
     assert_books_balance(bus)
 
 

@@ -104,6 +104,20 @@ class Bus:
         self.send_to(partition, value, at_ms, routing.routing_key_for(account).encode())
         return partition
 
+    def send_placed(self, value: bytes, account: str, at_ms: int | None = None) -> list[int]:
+        """As LedgerClient sends: a transaction whose debits live in several partitions goes to its
+        coordinator and, marked, to each other partition it debits, all at one send time
+        (streams.routing.placements). Returns the partitions written."""
+        record = C.decode("command", value)
+        placed, partitions = routing.placements(record, account, self.n)
+        encoded = C.encode("command", placed)
+        if at_ms is None:
+            self.clock += 1
+            at_ms = self.clock
+        for partition in partitions:
+            self.send_to(partition, encoded, at_ms, routing.routing_key_for(account).encode())
+        return partitions
+
     def send_to(self, partition: int, value: bytes, at_ms: int | None = None, key: bytes = b"k") -> None:
         if at_ms is None:
             self.clock += 1
