@@ -22,7 +22,9 @@ from streams.core import (
     Rejection,
     ReleaseHold,
     UnfreezeAccount,
+    HoldReleased,
     accounts_touched,
+    apply,
     decide,
     execute,
     reversal_of,
@@ -121,3 +123,32 @@ def test_the_registry_accepts_the_same_currency_twice_and_answers_membership() -
     assert "A" in registry and "C" not in registry
     assert registry.with_currency(Currency("B", 0)).get("B") == Currency("B", 0)
     assert "USD" in DEFAULT_CURRENCIES and AccountPolicy().overdraft_limit == 0
+
+
+def test_an_ended_hold_keeps_its_record() -> None:
+    ledger = run("""
+open world:USD USD neg                | ok
+open a:USD USD                        | ok
+transfer d1 world:USD->a:USD 10       | ok
+hold h1 a:USD 4 expires=90000         | ok
+capture c1 h1 a:USD->world:USD 1      | ok
+release h1                            | ok | a:USD=9/0
+""")
+    hold = ledger.state.holds["h1"]
+    assert (hold.amount, hold.captured, hold.released, hold.expires_at_ms, hold.capture_transaction_ids) == (
+        400, 100, 300, 90000, ("c1",))
+
+
+@pytest.mark.parametrize("amount, account", [(299, "a:USD"), (300, "world:USD")])
+def test_apply_refuses_a_release_that_does_not_match_the_hold(amount: int, account: str) -> None:
+    """apply asserts hold transitions (a programmer error, e.g. a corrupt event log): the released amount
+    must be the hold's remainder, on the hold's own account."""
+    ledger = run("""
+open world:USD USD neg                | ok
+open a:USD USD                        | ok
+transfer d1 world:USD->a:USD 10       | ok
+hold h1 a:USD 3                       | ok
+""")
+    with pytest.raises(AssertionError):
+        apply(ledger.state, (HoldReleased(hold_id="h1", account_id=account, amount=amount, at_ms=1),))
+    apply(ledger.state, (HoldReleased(hold_id="h1", account_id="a:USD", amount=300, at_ms=1),))

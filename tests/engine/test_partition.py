@@ -534,3 +534,15 @@ def test_a_command_that_fails_part_way_leaves_the_batch_staged_before_it_intact(
     assert not [r for r in (C.decode("result", o.value) for o in outputs if o.topic == "results")
                 if r["command_id"] == "expire:h2"], "a released hold does not expire"
     assert (proc.state.account(ann).posted, proc.state.account(ann).held) == (999, 0)
+
+
+def test_restore_skips_only_the_records_written_twice():
+    """A changelog with a record written twice in the middle (a paused worker's late copy): restore skips
+    the copy and applies everything after it."""
+    live = PartitionProcessor(0, N, MemoryStore())
+    _, changelog = run(live, script())
+    with_copy = changelog[:3] + [changelog[1]] + changelog[3:]
+    restored = PartitionProcessor(0, N, MemoryStore())
+    assert restored.restore(with_copy, len(with_copy)) == len(changelog)
+    a = local_users(1)[0]
+    assert restored.state.account(a).posted == 1_000 - 100 - 50 - 10
