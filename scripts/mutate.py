@@ -62,24 +62,28 @@ def report(elapsed_s: float | None) -> int:
     for name, status in found.items():
         counts[area(name)][status] += 1
     print()
-    print(f"{'area':6} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} {'no tests':>9} {'score':>7}  target")
+    print(f"{'area':6} {'mutants':>8} {'killed':>7} {'timeout':>8} {'survived':>9} {'no tests':>9} "
+          f"{'unchecked':>10} {'score':>7}  target")
     failed = False
     for name in ("core", "shell"):
         c = counts[name]
-        total = sum(c.values())
+        checked = sum(c.values()) - c["not checked"]
         killed = sum(v for k, v in c.items() if k in DETECTED)
-        score = killed / total if total else 0.0
-        failed |= score < TARGETS[name]
-        print(f"{name:6} {total:8} {killed - c['timeout']:7} {c['timeout']:8} {c['survived']:9} {c['no tests']:9} "
-              f"{score:7.1%}  {TARGETS[name]:.0%}{'' if score >= TARGETS[name] else '  BELOW'}")
-    print("score = (killed + timeout + segfault) / mutants; a mutant no test reaches counts against it")
+        score = killed / checked if checked else 0.0
+        failed |= score < TARGETS[name] or c["not checked"] > 0
+        print(f"{name:6} {sum(c.values()):8} {killed - c['timeout']:7} {c['timeout']:8} {c['survived']:9} "
+              f"{c['no tests']:9} {c['not checked']:10} {score:7.1%}  "
+              f"{TARGETS[name]:.0%}{'' if score >= TARGETS[name] else '  BELOW'}")
+    print("score = (killed + timeout + segfault) / checked mutants; a mutant no test reaches counts against it")
+    if any(c["not checked"] for c in counts.values()):
+        print("THE RUN IS INCOMPLETE: the scores are over the mutants checked so far")
     others = {k: v for c in counts.values() for k, v in c.items()
-              if k not in DETECTED | {"survived", "no tests", "timeout"}}
+              if k not in DETECTED | {"survived", "no tests", "timeout", "not checked"}}
     if others:
         print("not killed and not survived:", dict(others))
     if elapsed_s is not None:
         print(f"run time {elapsed_s / 60:.1f} min")
-    undetected = sorted(name for name, status in found.items() if status not in DETECTED)
+    undetected = sorted(name for name, status in found.items() if status not in DETECTED | {"not checked"})
     print(f"\nsurviving mutants ({len(undetected)}; `.venv/bin/mutmut show NAME` for context):")
     for name in undetected:
         status = found[name]
