@@ -107,13 +107,16 @@ def test_tail_skips_what_it_cannot_read(settings, start_worker):
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(tail.stdout), daemon=True)
     reader.start()
-    deadline = time.monotonic() + 60
-    while not any("tailed/open:user:ida:USD: accepted" in line for line in lines) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    tail.send_signal(signal.SIGINT)
-    err = tail.stderr.read()
-    tail.wait(30)
-    reader.join(10)
+    try:
+        deadline = time.monotonic() + 60
+        while not any("tailed/open:user:ida:USD: accepted" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        tail.send_signal(signal.SIGINT)
+        err = tail.stderr.read()
+        tail.wait(30)
+        reader.join(10)
+    finally:
+        tail.kill()  # never left running past the test, whatever failed
     out = "".join(lines)
     assert "tailed/open:user:ida:USD: accepted" in out, (out, err)
     assert err.count("skipped an unreadable record") == settings.partitions, err
