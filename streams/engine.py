@@ -332,7 +332,7 @@ class Engine:
             except KafkaException as exc:
                 self._raise(p, exc)
             self._send(outputs, producer)
-        self._map(lambda p: self.producers[p].flush(FLUSH_TIMEOUT_S), batches)
+        self._map(self._flush_outputs, batches)
         crash_point("after_outputs", batches)
         last: dict[int, int] = {}
         self._map(lambda p: self._commit_partition(p, batches[p][1], upto[p], last), batches)  # 4.
@@ -357,15 +357,29 @@ class Engine:
         for future in [self._pool.submit(fn, p) for p in partitions]:
             future.result()
 
+    def _flush_outputs(self, p: int) -> None:
+        try:
+            remaining = self.producers[p].flush(FLUSH_TIMEOUT_S)
+        except KafkaException as exc:  # a fatal error (fenced) is raised here
+            self._raise(p, exc)
+        if remaining:
+            raise DeliveryFailed(f"partition {p}: {remaining} outputs not acknowledged within {FLUSH_TIMEOUT_S}s")
+
     def _commit_partition(self, p: int, changelog: list[bytes], covered: int, last: dict[int, int]) -> None:
         """Step 4 for one partition: its redo records and covered mark, then the transaction's commit."""
+        try:
+            self._commit_transaction(p, changelog, covered, last)
+        except KafkaException as exc:
+            self._raise(p, exc)
+
+    def _commit_transaction(self, p: int, changelog: list[bytes], covered: int, last: dict[int, int]) -> None:
         producer = self.producers[p]
         topic = self._topics["changelog"]
         errors: list[str] = []
 
         def on_delivery(err, msg) -> None:
             if err is not None:
-                errors.append(f"changelog[{msg.partition()}]: {err}")
+                errors.append(f"changelog[{p}]: " + str(err))
             else:
                 last[p] = max(last.get(p, -1), msg.offset())
 
@@ -389,7 +403,7 @@ class Engine:
                 error = exc.args[0]
                 if error.retriable() and not error.fatal() and not error.txn_requires_abort() and attempt < 4:
                     continue  # the outcome is unknown: committing again is what librdkafka asks for
-                self._raise(p, exc)
+                raise
 
     @staticmethod
     def _raise(p: int, exc: KafkaException) -> None:

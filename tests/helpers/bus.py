@@ -11,6 +11,8 @@ What it models, and from where:
   decide them all (writes staged), emit the outputs, append the changelog records, write the staged state
   and the changelog position, then commit the consumer offset (Faust commits acked offsets later, so the
   committed offset may lag behind).
+- **Transactions** (changelog_cuts="transaction", the engine's path today): outputs, changelog records and
+  the covered mark of a batch become visible together or never; records already covered are skipped.
 - **A crash** at any point of that path: after deciding, after a prefix of the outputs, after all the
   outputs and a prefix of the changelog, after the changelog, or after the state but before the offset
   commit. The processor loses what it staged; outputs already emitted stay out (so they can appear twice
@@ -76,8 +78,11 @@ class Bus:
                  partitions: int = N, changelog_cuts: str = "anywhere"):
         """changelog_cuts: where a crash may cut the changelog of a batch: "anywhere" (any prefix of its
         records, as Kafka may have appended when the worker died) or "between_records" (only between the
-        changelog records of two command records: each record's redo records all or none)."""
-        assert changelog_cuts in ("anywhere", "between_records"), changelog_cuts
+        changelog records of two command records: each record's redo records all or none) or "transaction"
+        (the engine's commit path: a batch's outputs, redo records and covered mark in one Kafka transaction, so
+        a crash before its commit leaves none of them and one after leaves all; a record the committed
+        changelog covers is skipped when delivered again, without a new result)."""
+        assert changelog_cuts in ("anywhere", "between_records", "transaction"), changelog_cuts
         self.changelog_cuts = changelog_cuts
         self.n = partitions
         self.stores = {p: MemoryStore() for p in range(partitions)}
@@ -86,6 +91,8 @@ class Bus:
         self.position = {p: 0 for p in range(partitions)}  # next offset the running worker decides
         self.committed = {p: 0 for p in range(partitions)}  # the consumer group's offset: a restart starts here
         self.changelogs: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+        # "transaction": the next commands offset each partition's committed changelog covers (its marks).
+        self.covered = {p: 0 for p in range(partitions)}
         self.results: list[dict] = []  # every result emitted, copies included, in emission order
         self.emitted: list[EmittedResult] = []  # the same, with keys, bytes and whether it is a decision
         self.history: list[dict] = []  # every history entry emitted, copies included
@@ -146,12 +153,17 @@ class Bus:
         assert batch, f"partition {partition} has nothing to deliver"
         self.trace.append(f"p{partition}@{start}+{len(batch)}" + (f" crash:{crash.point}/{crash.count}" if crash else ""))
         boundaries = [0]  # changelog records staged after each record of the batch
+        transactional = self.changelog_cuts == "transaction"
         for i, record in enumerate(batch):  # 2. decide; writes are staged
+            if transactional and start + i < self.covered[partition]:
+                continue  # committed before: skipped, no new result
             proc.handle(start + i, record.timestamp_ms, record.key, record.value, record.headers)
             boundaries.append(len(proc.changelog))
         outputs, changelog = proc.take()
         if crash is not None and crash.point == "decided":
             return self._restart(partition, crash.fresh_store)
+        if transactional and crash is not None and crash.point in ("outputs", "changelog"):
+            return self._restart(partition, crash.fresh_store)  # the open transaction is aborted: nothing seen
         decisions = {}
         for encoded in changelog:
             change = C.decode("state", encoded)
@@ -167,6 +179,8 @@ class Bus:
                 cut = max(b for b in boundaries if b <= cut)
             written = changelog[:cut]
         self.changelogs[partition].extend(written)  # 4. changelog
+        if transactional:  # the transaction commits: outputs, redo records and the covered mark at once
+            self.covered[partition] = start + len(batch)
         if crash is not None and crash.point == "changelog":
             return self._restart(partition, crash.fresh_store)
         if proc.state.has_staged:  # 5. state and changelog position, atomically
