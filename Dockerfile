@@ -1,9 +1,13 @@
 # The ledger's Python processes (worker, CLI, load generator). Used by docker-compose.yml only.
 FROM python:3.11-slim
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY streams streams
 COPY schemas schemas
 COPY projections projections
 COPY connectors connectors
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir -c constraints.txt . \
+    && useradd --create-home --uid 10001 ledger && mkdir -p /data && chown ledger /data
+# Not root: a worker needs only its state directory (LEDGER_DATA_DIR) and the network.
+USER ledger
+ENV LEDGER_DATA_DIR=/data

@@ -5,13 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-core soak clean mutate fuzz
+.PHONY: lock install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-core soak clean mutate fuzz
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -43,7 +43,7 @@ test-core: $(STAMP)
 # Mutation testing of the pure core and the partition shell against the broker-free tests (docs/testing.md);
 # not part of `make test`. Prints the score per area and the surviving mutants.
 $(VENV)/.installed-mutate: $(STAMP)
-	$(BIN)/pip install -q -e '.[test,mutate]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,mutate]'
 	@touch $@
 
 mutate: $(VENV)/.installed-mutate
@@ -73,3 +73,9 @@ soak: install
 clean: broker-stop
 	scripts/postgres.sh stop
 	rm -rf .state
+
+# After changing dependencies in pyproject.toml: resolve them afresh, then pin what make test passed with.
+lock:
+	rm -rf $(VENV) && $(PY) -m venv $(VENV) && $(BIN)/pip install -q --upgrade pip && $(BIN)/pip install -q -e '.[test,mutate]'
+	{ sed -n '1,2p' constraints.txt; $(BIN)/pip freeze --exclude-editable; } > constraints.new && mv constraints.new constraints.txt
+	@touch $(STAMP) $(VENV)/.installed-mutate
