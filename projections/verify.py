@@ -15,6 +15,7 @@ result leaves its command unanswered, a lost history entry leaves a gap).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -67,24 +68,27 @@ class Streams:
     dead_letters: Sequence[TopicRecord] = ()
 
 
-def _records_from(settings: Settings, topic: str, partition: int, offset: int) -> bool:
-    """Whether a read_committed reader finds a record at or after offset in the partition."""
+def _with_records(settings: Settings, topic: str, starts: dict[int, int]) -> set[int]:
+    """The partitions in which a read_committed reader finds a record at or after the given offset."""
+    if not starts:
+        return set()
     consumer = Consumer({**settings.kafka_config(), "group.id": f"quiescent-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
                          "enable.partition.eof": True})
+    found: set[int] = set()
+    open_ = set(starts)
     try:
-        consumer.assign([TopicPartition(topic, partition, offset)])
+        consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return False
-                continue
-            return True
-        return True
+        while open_ and time.monotonic() < deadline:
+            for msg in consumer.consume(100, timeout=0.2):
+                p = msg.partition()
+                if msg.error() is None:
+                    found.add(p)
+                    open_.discard(p)
+                elif msg.error().code() == KafkaError._PARTITION_EOF:
+                    open_.discard(p)
+        return found | open_
     finally:
         consumer.close()
 
@@ -107,13 +111,16 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
             committed = [max(tp.offset, 0) for tp in consumer.committed(partitions, timeout=10)]
             # Below the end but with nothing to read there: only transaction markers (or aborted records)
             # are left, which take offsets and are no commands.
-            committed = [end if c < end and not _records_from(settings, topic, p, c) else c
+            lagging = {p: c for p, (c, end) in enumerate(zip(committed, ends)) if c < end}
+            busy = _with_records(settings, topic, lagging)
+            committed = [end if p in lagging and p not in busy else c
                          for p, (c, end) in enumerate(zip(committed, ends))]
             state = (ends, committed)
             if ends == committed and state == previous:
                 return True
             previous = state if ends == committed else None
             time.sleep(settle_s)
+        print(f"not quiescent: commands ends {state[0]}, group offsets {state[1]}", file=sys.stderr)
         return False
     finally:
         consumer.close()

@@ -207,9 +207,10 @@ class Worker:
 
 
 def assert_exactly_once(settings, client_id: str, sent: list[str]) -> None:
-    """What the oracles may let pass: one decision per command, one content per history entry, every
-    account's seqs exactly 1..n with one entry each, every balance record (not only the latest) equal to
-    the fold of history at its seq, and no history for a rejected command."""
+    """What the oracles may let pass, as a read_committed reader (read_topic) sees the topics: exactly one
+    non-duplicate result per command (not even a byte-identical copy), exactly one history entry per
+    account#seq, every account's seqs exactly 1..n, every balance record (not only the latest) equal to the
+    fold of history at its seq, and no history for a rejected command."""
     problems: list[str] = []
     commands = [c.value for c in read_topic(settings, "commands")]
     results = [r for r in read_topic(settings, "results")]
@@ -222,29 +223,35 @@ def assert_exactly_once(settings, client_id: str, sent: list[str]) -> None:
     ours = {c["command_id"] for c in commands if c["client_id"] == client_id}
     assert ours == set(sent), f"the commands topic differs from what the client sent: {sorted(ours ^ set(sent))[:10]}"
 
-    decisions: dict[tuple[str, str], set[bytes]] = defaultdict(set)
+    decisions: dict[tuple[str, str], list[bytes]] = defaultdict(list)
     outcome: dict[tuple[str, str], str] = {}
     for r in results:
         if not r.value["duplicate"]:
             key = (r.value["client_id"], r.value["command_id"])
-            decisions[key].add(r.raw)
+            decisions[key].append(r.raw)
             outcome[key] = r.value["outcome"]
     keys = {(c["client_id"], c["command_id"]) for c in commands}
     for key in sorted(keys):
         if len(decisions.get(key, ())) != 1:
-            problems.append(f"{key} has {len(decisions.get(key, ()))} distinct non-duplicate decisions")
+            problems.append(f"{key} has {len(decisions.get(key, ()))} non-duplicate results "
+                            f"({len(set(decisions.get(key, ())))} distinct)")
     # (The engine decides some commands of its own inside a partition, with no record on the commands
     # topic: system shard opens, two-phase steps. Those are checked with everything else below.)
     for key in set(decisions) - keys:
         if key[0] == client_id:
             problems.append(f"decision for {key}, which is not on the commands topic")
 
-    contents: dict[str, set[bytes]] = defaultdict(set)
+    contents: dict[str, list[bytes]] = defaultdict(list)
     entries: dict[str, dict] = {}
     for h in history:
-        contents[h.value["entry_id"]].add(h.raw)
+        contents[h.value["entry_id"]].append(h.raw)
         entries[h.value["entry_id"]] = h.value
-    problems += [f"history entry {e} has {len(c)} contents" for e, c in contents.items() if len(c) != 1]
+    problems += [f"history entry {e} published {len(c)} times ({len(set(c))} contents)"
+                 for e, c in contents.items() if len(c) != 1]
+    copies = defaultdict(int)
+    for h in history:
+        copies[(h.value["account_id"], h.value["seq"])] += 1
+    problems += [f"{a}#{seq} published {n} times" for (a, seq), n in copies.items() if n != 1]
     by_account: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for v in entries.values():
         by_account[v["account_id"]][v["seq"]].append(v)
