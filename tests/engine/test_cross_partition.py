@@ -81,3 +81,132 @@ def test_a_close_sent_right_after_a_trade_never_overtakes_it(settings, start_wor
     report = verify(settings)
     assert report.ok, format_report(report)
     client.close()
+
+
+# --- one pair at a time: a retry in flight, a close right after, payments the payee's partition refuses ---------
+import time  # noqa: E402  (appended section)
+
+from connectors.client import Leg  # noqa: E402
+from projections.topics import latest_per_account, read_topic  # noqa: E402
+
+
+def _setup_pair(client: LedgerClient, b: str, s: str) -> None:
+    """Both users' USDT and BTC accounts, 1000 USDT for the buyer and 1 BTC for the seller, a bid of 0.5 BTC
+    at 1000 (holds 500 USDT) and an ask of 0.5 BTC (holds 0.5 BTC)."""
+    ids = []
+    for user in (b, s):
+        for currency in ("USDT", "BTC"):
+            routed = rules.open_user_account(user, currency)
+            ids.append(client.send(routed.record["command_id"], "OpenAccount", routed.record["body"][1],
+                                   routed.routing_account))
+    assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
+    ids = _send(client, DepositConfirmed(f"dep-{b}", b, "USDT", "1000"))
+    ids += _send(client, DepositConfirmed(f"dep-{s}", s, "BTC", "1"))
+    assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
+    ids = _send(client, OrderPlaced(f"bid-{b}", b, "buy", "BTC", "USDT", "0.5", "1000"))
+    ids += _send(client, OrderPlaced(f"ask-{s}", s, "sell", "BTC", "USDT", "0.5"))
+    assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
+
+
+def _every_answer(client: LedgerClient, expected: dict[str, int], timeout_s: float = 180) -> dict[str, list[dict]]:
+    """Every result published for these command ids until each has `expected[id]` answers (decision and
+    duplicates), then a little more to catch an extra decision."""
+    client.flush()
+    answers: dict[str, list[dict]] = {i: [] for i in expected}
+    deadline = time.monotonic() + timeout_s
+    while any(len(answers[i]) < n for i, n in expected.items()):
+        assert time.monotonic() < deadline, {i: len(a) for i, a in answers.items()}
+        for r in client.read_results(timeout_s=0.2):
+            if r["command_id"] in answers:
+                answers[r["command_id"]].append(r)
+    for r in client.read_results(timeout_s=2.0):  # not a timing assertion: only more chances to see extras
+        if r["command_id"] in answers:
+            answers[r["command_id"]].append(r)
+    return answers
+
+
+def _one_decision(answers: list[dict]) -> dict:
+    decisions = [r for r in answers if not r["duplicate"]]
+    assert len(decisions) == 1, answers
+    assert all((r["outcome"], r["reason"]) == (decisions[0]["outcome"], decisions[0]["reason"]) for r in answers)
+    return decisions[0]
+
+
+def test_a_cross_partition_trade_resent_in_flight_gets_one_decision_and_a_duplicate(settings, start_worker):
+    start_worker()
+    client = LedgerClient(settings, rules.DEFAULT_CLIENT_ID)
+    b, s = _pairs(settings.partitions)[0]
+    _setup_pair(client, b, s)
+    trade = TradeExecuted(f"t-{b}", "BTC", "USDT", "0.2", "1000", Party(b, f"bid-{b}"), Party(s, f"ask-{s}"),
+                          "seller")
+    ids = _send(client, trade)
+    assert _send(client, trade) == ids  # the retry, sent at once: the trade is still being reserved
+    answers = _every_answer(client, {i: 2 for i in ids})
+    for i in ids:
+        decision = _one_decision(answers[i])
+        assert decision["outcome"] == "accepted", decision
+        assert sorted(r["duplicate"] for r in answers[i]) == [False, True], answers[i]
+    assert wait_quiescent(settings)
+    report = verify(settings)
+    assert report.ok, format_report(report)
+    client.close()
+
+
+def test_a_close_right_after_an_accepted_cross_partition_trade_releases_exactly_the_rest(settings, start_worker):
+    start_worker()
+    client = LedgerClient(settings, rules.DEFAULT_CLIENT_ID)
+    b, s = _pairs(settings.partitions)[1]
+    _setup_pair(client, b, s)
+    trade = _send(client, TradeExecuted(f"t-{b}", "BTC", "USDT", "0.2", "1000", Party(b, f"bid-{b}"),
+                                        Party(s, f"ask-{s}"), "seller"))
+    closes = _send(client, OrderClosed(f"bid-{b}", b, "buy", "BTC", "USDT"))
+    closes += _send(client, OrderClosed(f"ask-{s}", s, "sell", "BTC", "USDT"))
+    answers = _every_answer(client, {i: 1 for i in trade + closes})
+    for i in trade:
+        assert _one_decision(answers[i])["outcome"] == "accepted", answers[i]
+    released = {}
+    for i in closes:
+        decision = _one_decision(answers[i])
+        assert decision["outcome"] == "accepted", decision
+        for h in decision["holds"]:
+            if h["status"] == "released":
+                released[h["hold_id"]] = (int(h["amount"]), int(h["captured"]), int(h["released"]))
+    assert len(released) == 2, released
+    for hold_id, (amount, captured, rest) in released.items():
+        assert captured + rest == amount and captured * 5 == amount * 2, (hold_id, amount, captured, rest)
+    assert wait_quiescent(settings)
+    report = verify(settings)
+    assert report.ok, format_report(report)
+    client.close()
+
+
+def test_a_payment_to_a_closed_or_unknown_account_elsewhere_comes_back_to_the_payer(settings, start_worker):
+    """What the sender gets today: accepted (the payer's partition cannot see the payee), and the credit is
+    returned from clearing to the payer by the payee's partition. DESIGN.md P10 wants the sender told
+    "returned" with the reason; that part is not built, so only the money coming back is asserted here
+    (tests/engine/test_differential.py keeps the difference in the answer as a strict xfail)."""
+    start_worker()
+    client = LedgerClient(settings, "payments")
+    n = settings.partitions
+    names = [f"p{i}" for i in range(400)]
+    payer = f"user:{names[0]}:USD"
+    others = [f"user:{x}:USD" for x in names[1:]
+              if routing.partition_of_account(f"user:{x}:USD", n) != routing.partition_of_account(payer, n)]
+    closed, unknown = others[0], others[1]
+    ids = [client.open_account(payer, "USD"), client.open_account(closed, "USD")]
+    assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
+    ids = [client.post("dep", [Leg("sys:world:USD", -10_000), Leg(payer, 10_000)]),
+           client.account_command("CloseAccount", closed)]
+    assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
+    paid = [client.post("to-closed", [Leg(payer, -3_000), Leg(closed, 3_000)]),
+            client.post("to-unknown", [Leg(payer, -2_000), Leg(unknown, 2_000)])]
+    answers = _every_answer(client, {i: 1 for i in paid})
+    for i in paid:  # today's answer (see the docstring): accepted, once
+        assert (_one_decision(answers[i])["outcome"]) == "accepted", answers[i]
+    assert wait_quiescent(settings)
+    balances = {a: r.value for a, r in latest_per_account(read_topic(settings, "balances")).items()}
+    assert balances[payer]["posted"] == "10000", balances[payer]  # both payments came back whole
+    assert balances[closed]["posted"] == "0" and unknown not in balances
+    report = verify(settings)
+    assert report.ok, format_report(report)
+    client.close()
