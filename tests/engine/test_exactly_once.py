@@ -8,6 +8,9 @@ fails on a crash between the two: the contrast below keeps the check honest.
 """
 from __future__ import annotations
 
+import re
+import shutil
+import uuid
 from collections import Counter
 
 from hypothesis import given, strategies as st
@@ -58,3 +61,84 @@ def test_one_result_per_command_and_one_entry_per_account_seq_in_any_interleavin
     results, history = copies(bus)
     assert results == [], f"results published more than once: {results[:5]}"
     assert history == [], f"history entries published more than once: {history[:5]}"
+
+
+# --- against the broker -------------------------------------------------------------------------------------
+def _rebuilt_from_changelog(settings, partition: int) -> dict[bytes, bytes]:
+    """The partition's state rebuilt from its committed changelog alone (covered marks left out)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    from streams.engine import COVERED_MARK
+    from streams.partition import PartitionProcessor
+    from streams.store import MemoryStore
+
+    consumer = Consumer({**settings.kafka_config(), "group.id": f"rebuild-{uuid.uuid4()}",
+                         "isolation.level": "read_committed", "enable.partition.eof": True})
+    records: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(settings.topic("changelog"), partition, OFFSET_BEGINNING)])
+        done = False
+        while not done:
+            for msg in consumer.consume(1000, timeout=0.5):
+                if msg.error():
+                    done = done or msg.error().code() == KafkaError._PARTITION_EOF
+                elif msg.key() != COVERED_MARK:
+                    records.append(msg.value())
+    finally:
+        consumer.close()
+    store = MemoryStore()
+    PartitionProcessor(partition, settings.partitions, store).restore(records, 0)
+    return {k: v for k, v in store.data.items() if not k.startswith(b"m/")}
+
+
+def _stored(worker, partition: int) -> dict[bytes, bytes]:
+    from streams.store import RocksStore
+
+    store = RocksStore(worker.data_dir / f"p{partition}")
+    try:
+        return {k: v for k, v in store.scan(b"") if not k.startswith(b"m/")}
+    finally:
+        store.close()
+
+
+def test_local_state_ahead_of_the_changelog_is_refused_and_rebuilt(settings, start_worker):
+    """A store whose changelog offset is beyond the changelog's end (a store from another cluster, or from
+    before the topic was recreated) is not trusted: the worker wipes it and restores from the changelog."""
+    from connectors.client import LedgerClient
+    from connectors.loadgen import LoadGenerator, Mix
+    from projections.verify import format_report, verify, wait_quiescent
+    from streams.partition import CHANGELOG_OFFSET_KEY
+    from streams.store import RocksStore
+    from tests.harness import assert_exactly_once, changelog_ends
+
+    worker = start_worker("w1")
+    client = LedgerClient(settings, "ahead")
+    gen = LoadGenerator(client, seed=7, mix=Mix(users=30), run_id="a")
+    sent = gen.open_accounts()
+    sent += list(gen.commands(200))
+    client.wait(sent, 120)
+    worker.stop()
+    ends = changelog_ends(settings)
+    foreign = [p for p, end in ends.items() if end > 0][:3]
+    assert foreign, ends
+    for p in foreign:  # a foreign store: nothing of ours in it, an offset far past the changelog's end
+        path = worker.data_dir / f"p{p}"
+        shutil.rmtree(path)
+        store = RocksStore(path)
+        store.write({CHANGELOG_OFFSET_KEY: str(ends[p] + 1000).encode(), b"a/user:nobody:USD": b"{}"}, set())
+        store.close()
+
+    worker.start()
+    sent += list(gen.commands(200))
+    client.wait(sent, 120)
+    assert wait_quiescent(settings, 120)
+    log = worker.log_since_start()
+    refused = {int(p) for p in re.findall(r"partition (\d+): local state is ahead of the changelog", log)}
+    assert set(foreign) <= refused, f"refused {sorted(refused)} of {foreign}:\n{worker.tail()}"
+    report = verify(settings)
+    assert report.ok, format_report(report)
+    assert_exactly_once(settings, "ahead", sent)
+    worker.stop()
+    for p in foreign:
+        assert _stored(worker, p) == _rebuilt_from_changelog(settings, p), f"partition {p} is not the changelog's"
+    client.close()
