@@ -160,12 +160,10 @@ class Spanning:
                                _accepted(retry_id, tx.at_ms, "answered when decided"),
                                records=[(f"c/{key}", pending)])
             return
-        for leg in tx.legs:
-            home = proc._home(leg.account_id)
-            if leg.amount > 0 and home is not None and home != proc.partition and self._currency(leg) is None:
-                proc._reject_command(tx, Rejection.INVALID_COMMAND,
-                                     f"leg on {leg.account_id} (another partition) needs its currency")
-                return
+        refusal = self._unbalanced(tx)
+        if refusal is not None:
+            proc._reject_command(tx, *refusal)
+            return
         participants = sorted({proc._home(l.account_id) for l in tx.legs if l.amount < 0} - {None})
         record = {"tx": command_to_wire(tx)["body"][1], "at_ms": tx.at_ms, "participants": participants,
                   "votes": {}, "retries": 0, "offset": offset, "fingerprint": tx.fingerprint()}
@@ -196,6 +194,28 @@ class Spanning:
             account = next(l.account_id for l in tx.legs if l.amount < 0 and proc._home(l.account_id) == p)
             self._send(key, "Decide", p, routing.routing_key_for(account), tx.at_ms, {
                 "transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id, "commit": False})
+
+    def _unbalanced(self, tx: core.PostTransaction) -> tuple[Rejection, str] | None:
+        """Double entry (P1) before anything is reserved: every currency's legs sum to zero. A leg's currency
+        is its account's where that account lives here, else the one the leg states (its `currency`, or its
+        account id's last segment); each participant checks the stated currency of its debits against the
+        account (currency_mismatch), and the credits' partitions check theirs, so money leaves and enters
+        clearing in the currency it was counted in here."""
+        proc, sums = self.proc, {}
+        for leg in tx.legs:
+            home = proc._home(leg.account_id)
+            account = self.state.account(leg.account_id) if home == proc.partition else None
+            currency = account.currency if account is not None else self._currency(leg)
+            if currency is None:
+                if home == proc.partition:
+                    return Rejection.UNKNOWN_ACCOUNT, f"account {leg.account_id} does not exist"
+                return Rejection.INVALID_COMMAND, f"leg on {leg.account_id} (another partition) needs its currency"
+            sums[currency] = sums.get(currency, 0) + leg.amount
+        off = {c: total for c, total in sums.items() if total}
+        if off:
+            return Rejection.UNBALANCED, "legs do not sum to zero in " + ", ".join(
+                f"{c} ({total:+d})" for c, total in sorted(off.items()))
+        return None
 
     def _currency(self, leg: Leg) -> str | None:
         currency = leg.currency or routing.system_currency(leg.account_id)
@@ -266,7 +286,8 @@ class Spanning:
             account = state.account(leg.account_id)
             if account is None:
                 failure = Rejection.UNKNOWN_ACCOUNT, f"account {leg.account_id} does not exist"
-            elif leg.currency is not None and leg.currency != account.currency:
+            elif (self._currency(leg) or account.currency) != account.currency:
+                # The coordinator counted this debit in its stated currency (see _unbalanced).
                 failure = Rejection.CURRENCY_MISMATCH, f"{leg.account_id} is in {account.currency}"
             elif leg.hold_id is None:
                 plain[leg.account_id] = plain.get(leg.account_id, 0) - leg.amount

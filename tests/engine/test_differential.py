@@ -24,7 +24,8 @@ whole); ``test_a_refused_remote_credit_is_answered_as_in_one_partition`` keeps t
 xfail. Two more differences found here are kept as strict xfails: across partitions the debits' side is judged
 before the credit side, so a debit's reason beats a credit account's unknown_account
 (``test_reasons_across_partitions_...``); and a spanning transaction balanced overall but not per currency
-is accepted, leaving clearing unbalanced (``test_a_spanning_transaction_unbalanced_per_currency_...``, a bug).
+was accepted, leaving clearing unbalanced (``test_a_spanning_transaction_unbalanced_per_currency_...``: fixed,
+the coordinator checks double entry per currency before it reserves).
 The property models the first (the debits' side judged alone decides first) and skips the second (payees in
 another currency are left out of the spanning path).
 """
@@ -290,12 +291,10 @@ def test_reasons_across_partitions_follow_the_precedence_of_one_partition(path):
     assert (other.outcome, other.reason) == (fast.outcome, fast.reason)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG (P1): a transaction with debits in two partitions whose legs sum to zero overall but not per "
-    "currency (USD debits, a EUR credit) is accepted: the coordinator funds the credits from clearing in the "
-    "credits' currencies and the participants capture the debits into clearing in theirs, so USD clearing is "
-    "left at +1 and EUR clearing at -1 for good. In one partition it is rejected unbalanced."))
 def test_a_spanning_transaction_unbalanced_per_currency_is_rejected():
+    """Debits in two partitions that sum to zero overall but not per currency (USD debits, a EUR credit) are
+    refused unbalanced before anything is reserved, as in one partition (clearing was left at +1 USD and
+    -1 EUR for good when the coordinator did not check)."""
     payer = Side(True, "USD", False, 0, None, 40, (), "open")
     payee = healthy("EUR")
     fast = _run("fast", payer, payee, 1, random.Random(0))

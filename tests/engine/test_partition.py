@@ -359,7 +359,9 @@ def _trade_with(legs_change: dict[int, tuple]) -> list[tuple]:
                  "account_frozen", id="account-frozen"),
     pytest.param(lambda bus: None, {3: (SELLER_BTC, -20_000_001, "ask", None), 4: (BUYER_BTC, 19_980_001, None, "BTC")},
                  "capture_exceeds_hold", id="beyond-the-hold"),
-    pytest.param(lambda bus: None, {3: (SELLER_BTC, -20_000_000, "ask", "USDT")}, "currency_mismatch",
+    # Stated in USDT, the BTC debit leaves both currencies unbalanced as the coordinator counts them: refused
+    # before anything is reserved (a mismatch that keeps every stated currency balanced: the test below).
+    pytest.param(lambda bus: None, {3: (SELLER_BTC, -20_000_000, "ask", "USDT")}, "unbalanced",
                  id="leg-currency"),
     pytest.param(lambda bus: None, {3: ("user:nobody:BTC", -20_000_000, None, None)}, "unknown_account",
                  id="unknown-account"),
@@ -378,6 +380,21 @@ def test_a_participant_that_cannot_reserve_refuses_the_whole_transaction(prepare
     assert (result["outcome"], result["reason"]) == ("rejected", reason), result
     assert bus.account(BUYER_USDT) == (40_000_000_000, 30_000_000_000), "the buyer's reservation was released"
     assert bus.hold("bid", BUYER_USDT).remaining == 30_000_000_000
+    assert_books_balance(bus)
+
+
+def test_a_participant_refuses_a_debit_stated_in_another_currency_than_its_account():
+    """USDT balances as stated, but the seller's debit names its BTC account in USDT: the seller's partition
+    refuses it (currency_mismatch) and the buyer's reservation is released; clearing is left empty."""
+    bus = Bus()
+    setup_trade(bus)
+    bus.send(tx("swap-1", [(BUYER_USDT, -100, None, None), (SELLER_BTC, -5, None, "USDT"),
+                           (SELLER_USDT, 105, None, "USDT")], kind="swap"), BUYER_USDT)
+    bus.run()
+    result = bus.result("swap-1")
+    assert (result["outcome"], result["reason"]) == ("rejected", "currency_mismatch"), result
+    assert bus.account(BUYER_USDT) == (40_000_000_000, 30_000_000_000)
+    assert bus.account(SELLER_BTC) == (20_000_000, 20_000_000)
     assert_books_balance(bus)
 
 
