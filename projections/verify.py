@@ -235,9 +235,10 @@ def _sent(report: Report, commands: Iterable[TopicRecord]) -> dict[CommandKey, l
             report.counts["commands.undecodable"] += 1
             continue
         key = (cmd.value["client_id"], cmd.value["command_id"])
-        sent[key].append(cmd)
         if key[0] != ENGINE_CLIENT:
-            report.counts["commands.from_clients"] += 1
+            report.counts["commands.from_clients"] += 1  # records: placed copies and retries count each
+            report.counts["commands.distinct_from_clients"] += key not in sent
+        sent[key].append(cmd)
     return sent
 
 
