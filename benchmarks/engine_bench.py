@@ -8,6 +8,9 @@
    agent that takes the records and does nothing (benchmarks/faust_ceiling.py).
 3. Latency at fixed rates, unbatched and batched: produce-to-result and produce-to-balance-visible p50/p99.
 4. Worker RSS at start and end.
+5. Transactions: the same throughput and latency runs (shorter) against a worker of BASELINE, the last commit
+   whose engine wrote without Kafka transactions (run from a git worktree), and against this tree with the
+   partitions' transactions committed one after another instead of concurrently (LEDGER_SERIAL_COMMITS=1).
 """
 from __future__ import annotations
 
@@ -33,6 +36,10 @@ from connectors.loadgen import LoadGenerator, Mix  # noqa: E402
 from schemas.codec import codec  # noqa: E402
 from streams.producing import produce  # noqa: E402
 from tests.harness import Worker, bootstrap, drop, fresh_settings  # noqa: E402
+
+
+# The last commit whose engine produced outputs and changelog without Kafka transactions.
+BASELINE = "504ff6d"
 
 
 def rss_mib(pid: int) -> float:
@@ -69,7 +76,8 @@ def raw_ceiling(settings, count: int) -> float:
 def collect_latencies(settings, sent_at: dict[str, float], topic: str, stop: threading.Event,
                       out: dict[str, float]) -> None:
     c = codec()
-    consumer = Consumer({**settings.kafka_config(), "group.id": f"lat-{uuid.uuid4()}", "enable.auto.commit": False})
+    consumer = Consumer({**settings.kafka_config(), "group.id": f"lat-{uuid.uuid4()}", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})  # visible to readers = committed
     name = settings.topic(topic)
     consumer.assign([TopicPartition(name, p, consumer.get_watermark_offsets(TopicPartition(name, p))[1])
                      for p in range(settings.partitions)])
@@ -155,6 +163,42 @@ def latency(settings, gen, client, rate: float, seconds: float, batch_ms: float)
     return "\n".join(lines)
 
 
+def worktree(ref: str) -> Path:
+    """A git worktree of ref (made once, reused)."""
+    path = Path(tempfile.gettempdir()) / f"ledger-bench-{ref}"
+    if not (path / "streams").is_dir():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), ref], cwd=ROOT, check=True,
+                       capture_output=True)
+    return path
+
+
+def compare(count: int, batch: int, rate: float, seconds: float) -> list[str]:
+    """The same short runs against: BASELINE (no transactions), serial commits, concurrent commits."""
+    variants = [(f"no transactions ({BASELINE})", worktree(BASELINE), {}),
+                ("transactions, serial commits", ROOT, {"LEDGER_SERIAL_COMMITS": "1"}),
+                ("transactions, concurrent commits", ROOT, {})]
+    lines = [f"transactions compared ({count} commands per throughput run; latency at {rate:.0f}/s, "
+             f"one record per command):"]
+    for name, root, env in variants:
+        settings = fresh_settings(bootstrap())
+        worker = Worker(settings, Path(tempfile.mkdtemp(prefix="bench-")), "cmp", session_timeout_s=30,
+                        extra_env=env, root=root).start()
+        try:
+            client = LedgerClient(settings, "bench")
+            gen = LoadGenerator(client, seed=1, mix=Mix(users=2000, invalid=0.02), run_id="c")
+            client.wait(gen.open_accounts(), 120)
+            single, _ = throughput(client, gen, count, 1)
+            batched, _ = throughput(client, gen, count, batch)
+            lat = latency(settings, gen, client, rate, seconds, 0).splitlines()
+            lines.append(f"  {name:34s} {single:6.0f} commands/s one per record, {batched:6.0f} batched; "
+                         + "; ".join(x.strip() for x in lat[1:]))
+            client.close()
+        finally:
+            worker.stop()
+            drop(settings)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=30000, help="commands for each throughput run")
@@ -163,7 +207,13 @@ def main() -> None:
                         help="latency runs, rate:batch_ms comma-separated (batch_ms 0 = one record per command)")
     parser.add_argument("--seconds", type=float, default=15, help="length of each latency run")
     parser.add_argument("--workers", type=int, default=1, help="worker processes sharing the partitions")
+    parser.add_argument("--compare-count", type=int, default=10000,
+                        help="commands per throughput run of the comparison with and without transactions")
+    parser.add_argument("--only-compare", action="store_true", help="run the comparison (5.) alone")
     args = parser.parse_args()
+    if args.only_compare:
+        print("\n".join(compare(args.compare_count, args.batch, 300, args.seconds)))
+        return
 
     settings = fresh_settings(bootstrap())
     workers = [Worker(settings, Path(tempfile.mkdtemp(prefix="bench-")), f"bench{i}", session_timeout_s=30).start()
@@ -203,6 +253,7 @@ def main() -> None:
         for w in workers:
             w.stop()
         drop(settings)
+    print("\n".join(compare(args.compare_count, args.batch, 300, args.seconds)))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ class Worker:
     name: str = "w"
     session_timeout_s: float = 6.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    root: Path = ROOT  # the source tree the worker runs from (benchmarks compare against a git worktree)
     proc: subprocess.Popen | None = None
     starts: int = 0
 
@@ -86,7 +87,7 @@ class Worker:
         log = open(self.log_path, "a")
         log.write(f"\n==== start {self.starts} ====\n")
         log.flush()
-        self.proc = subprocess.Popen([sys.executable, "-m", "connectors.cli", "worker"], cwd=ROOT, env=self.env(),
+        self.proc = subprocess.Popen([sys.executable, "-m", "connectors.cli", "worker"], cwd=self.root, env=self.env(),
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.starts += 1
         if wait_ready:
