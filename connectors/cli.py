@@ -151,6 +151,7 @@ def topics_delete(yes: bool = typer.Option(False, "--yes", help="Confirm deletio
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(ctx: typer.Context) -> None:
     """Run a partition worker (extra arguments go to Faust's worker command)."""
+    _kafka_settings()  # no cluster: one line and exit 69, not a worker retrying for ever
     from streams.app import app as faust_app
 
     sys.argv = ["ledger", "worker", "-l", "info", "--without-web", *ctx.args]
@@ -456,7 +457,7 @@ def api(
     """Serve the read API, the live dashboard (/) and /metrics; by default runs the projector too."""
     from projections.api import serve
 
-    serve(config.load(), db, host, port, with_projector)
+    serve(_kafka_settings() if with_projector else config.load(), db, host, port, with_projector)
 
 
 @app.command()
