@@ -36,10 +36,11 @@ def own_broker(tmp_path):
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "liveness bug under load, not yet understood: with transactional outputs and a read_committed commands "
-    "consumer, a worker that rejoins and restores every partition after the broker's kill -9 sometimes "
-    "receives no further command records (idle event loop, no batch) until it is restarted; the books stay "
-    "correct, but commands wait. Passes on an idle machine; fails under a loaded one"))
+    "OPEN BUG, found this stop and not yet understood: with transactional outputs, a kill -9 and restart of the "
+    "broker under load can (1) leave a worker that rejoined and restored every partition idle, deciding nothing "
+    "more until it is restarted, and (2) in one CI rehearsal broke the books: verify reported P3 posted_after "
+    "!= fold on one account and USD summing to -58,809. Passes on an idle machine. Kept running (not skipped) "
+    "so its output shows each time; see the closing note of this stop"))
 def test_worker_survives_a_broker_kill_and_restart(own_broker, tmp_path, request):
     env, script, pid_file = own_broker
     settings = fresh_settings(f"127.0.0.1:{PORT}")
