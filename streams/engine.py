@@ -199,6 +199,23 @@ class Engine:
         self.producers[partition] = producer
         return producer
 
+    def _log_end(self, partition: int) -> int:
+        """The changelog partition's log end offset, learnt by writing one record in a transaction that is
+        then aborted (so it advances a lagging high watermark and is never read as state)."""
+        producer, landed = self.producers[partition], []
+
+        def on_delivery(err, msg) -> None:
+            if err is None:
+                landed.append(msg.offset())
+
+        producer.begin_transaction()
+        produce(producer, self._topics["changelog"], b"", b"m/log-end", partition=partition, on_delivery=on_delivery)
+        producer.flush(FLUSH_TIMEOUT_S)
+        producer.abort_transaction(FLUSH_TIMEOUT_S)
+        if not landed:
+            raise DeliveryFailed(f"partition {partition}: could not learn the changelog's end")
+        return landed[0]
+
     def _wipe(self, partition: int) -> PartitionProcessor:
         """Drop the partition's local store (it is only a cache of the changelog) and start an empty one."""
         proc = self.processors.pop(partition, None)
@@ -223,11 +240,21 @@ class Engine:
         try:
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
             if start > high:
+                # Right after a broker restart a partition's high watermark can lag its log until the next
+                # write to it. Write one (an aborted record, which no read_committed reader sees): the offset
+                # it lands at is the log's true end.
+                end = self._log_end(partition)
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+                log.info("partition %d: changelog high watermark was behind our store (%d); log end is %d",
+                         partition, start, end)
+            else:
+                end = high
+            if start > end:
                 # The store claims changelog records the topic does not hold (the topic was recreated, or the
                 # store comes from elsewhere): its state cannot be trusted, and a commit would take our own
                 # writes for another worker's. Rebuild it from the changelog.
                 log.warning("partition %d: local state is ahead of the changelog (offset %d, changelog ends at "
-                            "%d); refused: wiping it and restoring from the changelog", partition, start, high)
+                            "%d); refused: wiping it and restoring from the changelog", partition, start, end)
                 proc = self._wipe(partition)
                 start = 0
             records: list[bytes] = []
