@@ -37,18 +37,22 @@ def _send(client: LedgerClient, event) -> list[str]:
     return client.submit(rules.plan(event))
 
 
+def _open_accounts(client: LedgerClient, users) -> None:
+    """Each user's USDT and BTC accounts, opened as the rules open them; all must be accepted."""
+    ids = []
+    for user in users:
+        for currency in ("USDT", "BTC"):
+            routed = rules.open_user_account(user, currency)
+            ids.append(client.send(routed.record["command_id"], "OpenAccount", routed.record["body"][1],
+                                   routed.routing_account))
+    assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
+
+
 def test_a_close_sent_right_after_a_trade_never_overtakes_it(settings, start_worker):
     start_worker()
     client = LedgerClient(settings, rules.DEFAULT_CLIENT_ID)
     pairs = _pairs(settings.partitions)
-    ids = []
-    for b, s in pairs:
-        for user in (b, s):
-            for currency in ("USDT", "BTC"):
-                routed = rules.open_user_account(user, currency)
-                ids.append(client.send(routed.record["command_id"], "OpenAccount", routed.record["body"][1],
-                                       routed.routing_account))
-    assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
+    _open_accounts(client, [user for pair in pairs for user in pair])
     ids = []
     for b, s in pairs:
         ids += _send(client, DepositConfirmed(f"dep-{b}", b, "USDT", "1000"))
@@ -93,13 +97,7 @@ from projections.topics import latest_per_account, read_topic  # noqa: E402
 def _setup_pair(client: LedgerClient, b: str, s: str) -> None:
     """Both users' USDT and BTC accounts, 1000 USDT for the buyer and 1 BTC for the seller, a bid of 0.5 BTC
     at 1000 (holds 500 USDT) and an ask of 0.5 BTC (holds 0.5 BTC)."""
-    ids = []
-    for user in (b, s):
-        for currency in ("USDT", "BTC"):
-            routed = rules.open_user_account(user, currency)
-            ids.append(client.send(routed.record["command_id"], "OpenAccount", routed.record["body"][1],
-                                   routed.routing_account))
-    assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
+    _open_accounts(client, (b, s))
     ids = _send(client, DepositConfirmed(f"dep-{b}", b, "USDT", "1000"))
     ids += _send(client, DepositConfirmed(f"dep-{s}", s, "BTC", "1"))
     assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
