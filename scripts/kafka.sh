@@ -2,10 +2,15 @@
 # A real Apache Kafka broker in KRaft mode on loopback, from jars resolved by broker/pom.xml.
 #
 #   scripts/kafka.sh fetch              resolve the broker jars into broker/lib (cached)
-#   scripts/kafka.sh start [--nodes 3]  format storage on first start, start, wait until it serves requests
+#   scripts/kafka.sh start [--nodes 3] [--secure]
+#                                       format storage on first start, start, wait until it serves requests;
+#                                       --secure: SASL_SSL (SCRAM-SHA-512) and mTLS client listeners, TLS between
+#                                       nodes, ACLs enforced (docs/security.md); credentials under $LEDGER_STATE/kafka/secure
 #   scripts/kafka.sh stop               stop every node this script started (by pid), wait for exit
 #   scripts/kafka.sh status             print the bootstrap servers if running, exit 1 otherwise
 #   scripts/kafka.sh logs               last lines of each node's log
+#
+#   scripts/kafka.sh env USER           (secure) the KAFKA_* settings of a principal, as `export` lines
 #
 # Environment: LEDGER_STATE (default ./.state), KAFKA_PORT (first broker port, default 9092),
 # KAFKA_HEAP (default 768m per node). Start and stop are idempotent and serialised with a lock,
@@ -53,20 +58,17 @@ bootstrap_of() {  # $1 = node count
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-write_config() {  # $1 = node id, $2 = node count
-  local id=$1 n=$2 voters="" i rf=1 isr=1
+write_config() {  # $1 = node id, $2 = node count, $3 = plain|secure
+  local id=$1 n=$2 mode=$3 voters="" i rf=1 isr=1
   for i in $(seq 1 "$n"); do voters="$voters${voters:+,}$i@127.0.0.1:$((PORT + 1000 + i - 1))"; done
   if [ "$n" -ge 3 ]; then rf=3; isr=2; fi
   mkdir -p "$KDIR/node$id/data"
-  cat >"$KDIR/node$id/server.properties" <<EOF
+  { if [ "$mode" = secure ]; then secure_listeners "$id"; else plain_listeners "$id"; fi
+    cat <<EOF
 process.roles=broker,controller
 node.id=$id
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://127.0.0.1:$((PORT + id - 1)),CONTROLLER://127.0.0.1:$((PORT + 1000 + id - 1))
-advertised.listeners=PLAINTEXT://127.0.0.1:$((PORT + id - 1))
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-inter.broker.listener.name=PLAINTEXT
 log.dirs=$KDIR/node$id/data
 num.partitions=8
 default.replication.factor=$rf
@@ -82,6 +84,7 @@ auto.create.topics.enable=true
 log.retention.hours=-1
 log.segment.bytes=67108864
 EOF
+  } >"$KDIR/node$id/server.properties"
   cat >"$KDIR/node$id/log4j2.properties" <<EOF
 status = error
 appender.file.type = File
@@ -100,6 +103,134 @@ logger.request.level = WARN
 EOF
 }
 
+plain_listeners() {  # $1 = node id
+  cat <<EOF
+listeners=PLAINTEXT://127.0.0.1:$((PORT + $1 - 1)),CONTROLLER://127.0.0.1:$((PORT + 1000 + $1 - 1))
+advertised.listeners=PLAINTEXT://127.0.0.1:$((PORT + $1 - 1))
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+EOF
+}
+
+# --- the secured broker (docs/security.md) -------------------------------------------------------------------
+# Listeners of node i:  CLIENT     SASL_SSL, SCRAM-SHA-512            PORT+i-1       (the bootstrap servers)
+#                       MTLS       SSL, client certificate required   PORT+3000+i-1  (principal: the cert's CN)
+#                       INTERNAL   SSL, client certificate required   PORT+2000+i-1  (between brokers)
+#                       CONTROLLER SSL, client certificate required   PORT+1000+i-1  (the KRaft quorum)
+# Nodes authenticate to each other by certificate (CN=ledger-broker, a super user): SCRAM credentials live in
+# the cluster metadata, which the quorum's own connections cannot wait for. Every principal also has a client
+# certificate with its name as CN, so one set of ACLs serves SCRAM and mTLS clients alike.
+SEC=$KDIR/secure
+SECURE_USERS=${KAFKA_SECURE_USERS:-admin worker app-a app-b reader}
+BROKER_PRINCIPAL=ledger-broker
+
+secure_listeners() {  # $1 = node id
+  local id=$1 pw; pw=$(cat "$SEC/store.password")
+  cat <<EOF
+listeners=CLIENT://127.0.0.1:$((PORT + id - 1)),MTLS://127.0.0.1:$((PORT + 3000 + id - 1)),INTERNAL://127.0.0.1:$((PORT + 2000 + id - 1)),CONTROLLER://127.0.0.1:$((PORT + 1000 + id - 1))
+advertised.listeners=CLIENT://127.0.0.1:$((PORT + id - 1)),MTLS://127.0.0.1:$((PORT + 3000 + id - 1)),INTERNAL://127.0.0.1:$((PORT + 2000 + id - 1))
+listener.security.protocol.map=CLIENT:SASL_SSL,MTLS:SSL,INTERNAL:SSL,CONTROLLER:SSL
+inter.broker.listener.name=INTERNAL
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.client.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$SEC/broker.p12
+ssl.keystore.password=$pw
+ssl.key.password=$pw
+ssl.truststore.type=PKCS12
+ssl.truststore.location=$SEC/truststore.p12
+ssl.truststore.password=$pw
+ssl.client.auth=required
+listener.name.client.ssl.client.auth=none
+ssl.endpoint.identification.algorithm=https
+ssl.principal.mapping.rules=RULE:^CN=([^,]+)\$/\$1/,DEFAULT
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:$BROKER_PRINCIPAL;User:admin
+EOF
+}
+
+need_tls_tools() {
+  command -v openssl >/dev/null 2>&1 || die "openssl is required for --secure (apt-get install -y openssl)"
+  command -v keytool >/dev/null 2>&1 || die "keytool is required for --secure (it comes with the JDK: apt-get install -y openjdk-17-jdk-headless)"
+}
+
+# A key and a certificate signed by the local CA: $1 = file stem, $2 = CN, $3 = extensions.
+issue_cert() {
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "/CN=$2" 2>/dev/null &&
+  openssl x509 -req -in "$1.csr" -CA "$SEC/ca.pem" -CAkey "$SEC/ca.key" -set_serial "0x$(openssl rand -hex 16)" \
+    -days 3650 -out "$1.pem" -extfile <(printf '%s\n' "$3") 2>/dev/null &&
+  rm -f "$1.csr" && chmod 600 "$1.key"
+}
+
+# Once per state folder: a CA, the brokers' keystore and truststore, and per principal a SCRAM password and a
+# client certificate. Nothing leaves the state folder; a new folder gets new secrets.
+make_secrets() {
+  [ -f "$SEC/.complete" ] && return 0
+  need_tls_tools
+  rm -rf "$SEC"; mkdir -p "$SEC/users"; chmod 700 "$SEC"
+  openssl rand -hex 16 >"$SEC/store.password"
+  local pw; pw=$(cat "$SEC/store.password")
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$SEC/ca.key" -out "$SEC/ca.pem" -days 3650 \
+    -subj "/CN=ledger-local-ca" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null || die "openssl could not make the CA"
+  issue_cert "$SEC/broker" "$BROKER_PRINCIPAL" "subjectAltName=IP:127.0.0.1,DNS:localhost
+extendedKeyUsage=serverAuth,clientAuth" || die "openssl could not issue the broker certificate"
+  openssl pkcs12 -export -in "$SEC/broker.pem" -inkey "$SEC/broker.key" -certfile "$SEC/ca.pem" -name broker \
+    -out "$SEC/broker.p12" -passout "pass:$pw" || die "openssl could not write the broker keystore"
+  keytool -importcert -noprompt -alias ledger-ca -file "$SEC/ca.pem" -keystore "$SEC/truststore.p12" \
+    -storetype PKCS12 -storepass "$pw" >/dev/null 2>&1 || die "keytool could not write the truststore"
+  local u
+  for u in $SECURE_USERS; do
+    openssl rand -hex 24 >"$SEC/users/$u.password"
+    issue_cert "$SEC/users/$u" "$u" "extendedKeyUsage=clientAuth" || die "openssl could not issue $u's certificate"
+  done
+  chmod 600 "$SEC"/users/*.password "$SEC/store.password" "$SEC/ca.key"
+  touch "$SEC/.complete"
+}
+
+scram_args() {  # kafka-storage format arguments: every principal's SCRAM credential
+  SCRAM_ARGS=()
+  local u
+  for u in $SECURE_USERS; do
+    SCRAM_ARGS+=(--add-scram "SCRAM-SHA-512=[name=$u,password=$(cat "$SEC/users/$u.password")]")
+  done
+}
+
+mode_configured() { cat "$KDIR/mode" 2>/dev/null || echo plain; }
+
+mtls_bootstrap_of() {  # $1 = node count
+  local s="" i
+  for i in $(seq 1 "$1"); do s="$s${s:+,}127.0.0.1:$((PORT + 3000 + i - 1))"; done
+  echo "$s"
+}
+
+# `kafka.sh env USER [--mtls]`: what a process needs to connect as USER, as export lines (streams/config.py).
+user_env() {
+  [ "$(mode_configured)" = secure ] || die "$KDIR is not a --secure broker"
+  local u=${1:-} how=${2:-scram} n; n=$(nodes_configured)
+  { [ -n "$u" ] && [ -f "$SEC/users/$u.password" ]; } || die "no principal '$u' (have: $SECURE_USERS)"
+  if [ "$how" = --mtls ]; then
+    cat <<EOF
+export KAFKA_BOOTSTRAP=$(mtls_bootstrap_of "$n")
+export KAFKA_SECURITY_PROTOCOL=SSL
+export KAFKA_SSL_CA_LOCATION=$SEC/ca.pem
+export KAFKA_SSL_CERTIFICATE_LOCATION=$SEC/users/$u.pem
+export KAFKA_SSL_KEY_LOCATION=$SEC/users/$u.key
+EOF
+  else
+    cat <<EOF
+export KAFKA_BOOTSTRAP=$(bootstrap_of "$n")
+export KAFKA_SECURITY_PROTOCOL=SASL_SSL
+export KAFKA_SASL_MECHANISM=SCRAM-SHA-512
+export KAFKA_SASL_USERNAME=$u
+export KAFKA_SASL_PASSWORD=$(cat "$SEC/users/$u.password")
+export KAFKA_SSL_CA_LOCATION=$SEC/ca.pem
+EOF
+  fi
+}
+
 # The JVM command line for one node; the caller appends the main class and its arguments.
 java_argv() {  # $1 = node id
   JAVA_ARGV=(java -Xms128m "-Xmx$HEAP" -XX:+UseG1GC -Djava.awt.headless=true
@@ -107,10 +238,11 @@ java_argv() {  # $1 = node id
 }
 
 start() {
-  local n=1
+  local n=1 mode=plain
   while [ $# -gt 0 ]; do
     case $1 in
       --nodes) n=$2; shift 2 ;;
+      --secure) mode=secure; shift ;;
       *) die "unknown option $1" ;;
     esac
   done
@@ -125,6 +257,9 @@ start() {
   if [ "$have" != 0 ] && [ "$have" != "$n" ]; then
     die "$KDIR holds a $have-node cluster; stop it and remove $KDIR to start a $n-node one"
   fi
+  if [ "$have" != 0 ] && [ "$(mode_configured)" != "$mode" ]; then
+    die "$KDIR holds a $(mode_configured) cluster; stop it and remove $KDIR to start a $mode one"
+  fi
   local all_up=1 i
   for i in $(seq 1 "$n"); do node_alive "$i" || all_up=0; done
   if [ "$all_up" = 1 ]; then
@@ -134,7 +269,7 @@ start() {
 
   for i in $(seq 1 "$n"); do
     if ! node_alive "$i"; then
-      for p in $((PORT + i - 1)) $((PORT + 1000 + i - 1)); do
+      for p in $((PORT + i - 1)) $((PORT + 1000 + i - 1)) $([ "$mode" = secure ] && echo $((PORT + 2000 + i - 1)) $((PORT + 3000 + i - 1))); do
         port_busy "$p" && die "port $p is in use by another process; set KAFKA_PORT to another base port or stop that process"
       done
     fi
@@ -146,15 +281,20 @@ start() {
     python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' >"$KDIR/cluster.id"
   fi
   local cid; cid=$(cat "$KDIR/cluster.id")
+  SCRAM_ARGS=()
+  if [ "$mode" = secure ]; then make_secrets; scram_args; fi
   for i in $(seq 1 "$n"); do
-    write_config "$i" "$n"
+    write_config "$i" "$n" "$mode"
     if [ ! -f "$KDIR/node$i/data/meta.properties" ]; then
       java_argv "$i"
+      # SCRAM credentials go into the cluster's first metadata: they exist before any client connects.
       "${JAVA_ARGV[@]}" kafka.tools.StorageTool format -t "$cid" -c "$KDIR/node$i/server.properties" \
+        ${SCRAM_ARGS[@]+"${SCRAM_ARGS[@]}"} \
         >"$KDIR/node$i/format.log" 2>&1 || { cat "$KDIR/node$i/format.log" >&2; die "formatting node $i storage failed"; }
     fi
   done
   echo "$n" >"$KDIR/nodes"
+  echo "$mode" >"$KDIR/mode"
 
   for i in $(seq 1 "$n"); do
     node_alive "$i" && continue
@@ -184,6 +324,10 @@ start() {
   done
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   echo "kafka.sh: Kafka $(kafka_version) ready at $(bootstrap_of "$n") in ${ms} ms (cluster id $cid)"
+  if [ "$mode" = secure ]; then
+    echo "kafka.sh: secured: SASL_SSL (SCRAM-SHA-512) at $(bootstrap_of "$n"), mTLS at $(mtls_bootstrap_of "$n");" \
+      "principals: $SECURE_USERS. Connect as one: eval \"\$(scripts/kafka.sh env USER)\""
+  fi
 }
 
 kafka_version() { ls "$LIB" | sed -n 's/^kafka-clients-\(.*\)\.jar$/\1/p'; }
@@ -233,5 +377,6 @@ case $cmd in
   stop) stop ;;
   status) status ;;
   logs) logs ;;
-  *) die "usage: kafka.sh fetch|start [--nodes 3]|stop|status|logs" ;;
+  env) user_env "$@" ;;
+  *) die "usage: kafka.sh fetch|start [--nodes 3] [--secure]|stop|status|logs|env USER [--mtls]" ;;
 esac
