@@ -76,6 +76,32 @@ def check_copartitioned(settings: Settings, counts: dict[str, int | None]) -> No
         )
 
 
+# Replicas the ledger asks for when LEDGER_REPLICATION is not set and the cluster has this many brokers or more:
+# a write acknowledged by two replicas survives the loss of any one broker, and the topic stays writable
+# while one of three is down (acks=all needs min.insync.replicas of them).
+REPLICATED_BROKERS = 3
+REPLICATED = (3, {"min.insync.replicas": "2"})
+CLUSTER_DEFAULT = -1  # CreateTopics: the broker's default.replication.factor
+
+
+def topic_replication(settings: Settings, brokers: int) -> tuple[int, dict[str, str]]:
+    """(replication factor, extra topic configuration) for a new topic of this ledger on a cluster of `brokers`
+    brokers: LEDGER_REPLICATION when set (with the cluster's min.insync.replicas); else RF 3 with min ISR 2
+    on 3 or more brokers, the cluster's own default below that (one or two brokers: a development cluster)."""
+    if settings.replication is not None:
+        return settings.replication, {}
+    if brokers >= REPLICATED_BROKERS:
+        factor, extra = REPLICATED
+        return factor, dict(extra)
+    return CLUSTER_DEFAULT, {}
+
+
+def new_topic(settings: Settings, admin: AdminClient, name: str, config: dict[str, str]) -> NewTopic:
+    """A NewTopic of this ledger's partition count and replication (topic_replication) for `name`."""
+    factor, extra = topic_replication(settings, len(admin.list_topics(timeout=10).brokers))
+    return NewTopic(name, settings.partitions, factor, config={**config, **extra})
+
+
 def create_topics(settings: Settings) -> list[TopicReport]:
     """Create whatever is missing; idempotent. Raises CoPartitioningError on a mismatch."""
     admin = admin_client(settings)
@@ -84,10 +110,7 @@ def create_topics(settings: Settings) -> list[TopicReport]:
     missing = [n for n, c in counts.items() if c is None]
     if missing:
         futures = admin.create_topics(
-            [
-                NewTopic(settings.topic(n), settings.partitions, settings.replication, config=TOPIC_CONFIGS[n])
-                for n in missing
-            ],
+            [new_topic(settings, admin, settings.topic(n), TOPIC_CONFIGS[n]) for n in missing],
             operation_timeout=30,
         )
         for name, future in futures.items():
@@ -96,9 +119,11 @@ def create_topics(settings: Settings) -> list[TopicReport]:
             except KafkaException as exc:
                 if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":  # a concurrent creator won
                     raise
+    # Creation returns once the controller has the topics; the broker answering metadata may learn of them a
+    # moment later. Read the counts once every partition has a leader, not before (they would read as missing).
+    wait_for_leaders(settings, admin)
     after = describe(settings, admin)
     check_copartitioned(settings, after)
-    wait_for_leaders(settings, admin)
     return [TopicReport(settings.topic(n), after[n], n in missing) for n in TOPIC_NAMES]
 
 
@@ -108,13 +133,16 @@ def wait_for_leaders(settings: Settings, admin: AdminClient, timeout_s: float = 
     names = {settings.topic(n) for n in TOPIC_NAMES}
     while True:
         metadata = admin.list_topics(timeout=10)
+        known = {name: metadata.topics[name] for name in names
+                 if name in metadata.topics and metadata.topics[name].error is None
+                 and metadata.topics[name].partitions}
         leaderless = [
             f"{name}[{p.id}]"
-            for name in names
-            for p in (metadata.topics[name].partitions.values() if name in metadata.topics else [])
+            for name, topic in known.items()
+            for p in topic.partitions.values()
             if p.leader < 0 or p.error is not None
         ]
-        if not leaderless and names <= set(metadata.topics):
+        if not leaderless and len(known) == len(names):
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"partitions without a leader after {timeout_s}s: {leaderless[:5]}")

@@ -14,8 +14,9 @@ import hashlib
 from dataclasses import dataclass, field
 
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
+from connectors.admin import new_topic
 from projections.fold import fold_history
 from projections.topics import latest_per_account, read_topic
 from schemas.codec import codec
@@ -72,8 +73,7 @@ def rebuild_balances(settings: Settings, into_topic: str | None = None) -> Rebui
 def _write_topic(settings: Settings, topic: str, encoded: dict[str, bytes]) -> None:
     """A fresh compacted topic holding one rebuilt view per account (refuses an existing topic)."""
     admin = AdminClient(settings.kafka_config())
-    admin.create_topics([NewTopic(topic, settings.partitions, settings.replication,
-                                  config={"cleanup.policy": "compact"})])[topic].result()
+    admin.create_topics([new_topic(settings, admin, topic, {"cleanup.policy": "compact"})])[topic].result()
     producer = Producer({**settings.kafka_config(), "enable.idempotence": True})
     for account_id in sorted(encoded):
         producer.produce(topic, encoded[account_id], account_id.encode())

@@ -42,7 +42,9 @@ app = faust.App(
     consumer_auto_offset_reset="earliest",
     broker_session_timeout=SESSION_TIMEOUT_S,
     broker_heartbeat_interval=max(0.5, SESSION_TIMEOUT_S / 10),
-    broker_request_timeout=max(40.0, SESSION_TIMEOUT_S * 2),
+    # Not aiokafka's 40 s: a request to a paused broker would hold the group and fetches that long after the
+    # cluster moved its partitions (streams/config.py, docs/reliability.md).
+    broker_request_timeout=max(config.WORKER_CONSUMER_REQUEST_TIMEOUT_S, SESSION_TIMEOUT_S),
     broker_commit_interval=1.0,
     web_enabled=False,
 )

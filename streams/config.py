@@ -22,6 +22,16 @@ TOPIC_NAMES = ("commands", "results", "balances", "history", "dlq", "changelog")
 BATCH_MAX = int(os.environ.get("LEDGER_BATCH_MAX", "2000"))
 BATCH_WINDOW_S = float(os.environ.get("LEDGER_BATCH_WINDOW_S", "0.02"))
 
+# How long a worker's Kafka clients wait for one broker's answer before they drop that connection and retry,
+# by then at the partition's new leader or the group's new coordinator (docs/reliability.md). A broker that
+# stops answering without closing its sockets (paused, swapping, partitioned) is fenced by the cluster after
+# broker.session.timeout.ms (9 s by default) and its partitions move; a client left waiting on it with the
+# libraries' defaults (librdkafka 60 s, aiokafka 40 s) stalls the ledger long past that move.
+WORKER_SOCKET_TIMEOUT_MS = 10_000  # librdkafka socket.timeout.ms: the client-side wait for any request
+WORKER_ACK_TIMEOUT_MS = 8_000  # librdkafka request.timeout.ms: the broker's wait for the ISR's acks (below the above)
+WORKER_DELIVERY_TIMEOUT_MS = 50_000  # librdkafka message.timeout.ms: a send not acked by then fails, named
+WORKER_CONSUMER_REQUEST_TIMEOUT_S = 15.0  # aiokafka request_timeout_ms (Faust requires >= the session timeout)
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -30,7 +40,9 @@ class Settings:
     prefix: str = "ledger."
     # One partition count for every partitioned topic: they are co-partitioned by construction.
     partitions: int = 8
-    replication: int = 1
+    # Replicas per ledger topic; None: chosen from the cluster at creation (connectors/admin.py,
+    # topic_replication: RF 3 with min ISR 2 on 3 or more brokers, else the cluster's default).
+    replication: int | None = None
     security: dict[str, str] = field(default_factory=dict)
     # How long a client waits for the cluster to answer at all before giving up (BrokerUnreachable).
     connect_timeout_s: float = 10.0
@@ -79,7 +91,7 @@ def load(env: dict[str, str] | None = None) -> Settings:
         bootstrap=env.get("KAFKA_BOOTSTRAP") or "127.0.0.1:9092",
         prefix=env.get("LEDGER_TOPIC_PREFIX", "ledger."),
         partitions=_number(env, "LEDGER_PARTITIONS", "8", int, 1),
-        replication=_number(env, "LEDGER_REPLICATION", "1", int, 1),
+        replication=_number(env, "LEDGER_REPLICATION", "1", int, 1) if env.get("LEDGER_REPLICATION") else None,
         security=_security_from_env(env),
         connect_timeout_s=_number(env, "LEDGER_CONNECT_TIMEOUT_S", "10", float, 0.1),
     )

@@ -53,7 +53,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from schemas.codec import codec
-from streams import core, metrics
+from streams import config, core, metrics
 from streams.crashpoints import reach as crash_point
 from streams.config import Settings
 from streams.partition import Output, PartitionProcessor
@@ -133,6 +133,11 @@ def _producer(settings: Settings, **extra) -> Producer:
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 500000,
         "compression.type": "lz4",
+        # A paused or unreachable broker must not hold a send past the cluster's move of its partitions
+        # (streams/config.py, docs/reliability.md); the delivery timeout stays below FLUSH_TIMEOUT_S.
+        "socket.timeout.ms": config.WORKER_SOCKET_TIMEOUT_MS,
+        "request.timeout.ms": config.WORKER_ACK_TIMEOUT_MS,
+        "message.timeout.ms": config.WORKER_DELIVERY_TIMEOUT_MS,
         **extra,
     })
 
