@@ -33,6 +33,8 @@ SESSION_TIMEOUT_S = float(os.environ.get("LEDGER_SESSION_TIMEOUT_S", "10"))
 app = faust.App(
     f"{settings.prefix}workers",
     broker=[f"kafka://{server}" for server in settings.bootstrap.split(",")],
+    # The same SASL / TLS / mTLS / OAUTHBEARER settings as every confluent-kafka client (streams/kafka_security.py).
+    broker_credentials=settings.faust_credentials(),
     datadir=str(DATA_DIR / "faust"),
     store="memory://",  # no Faust tables: see the module docstring
     key_serializer="raw",

@@ -1,8 +1,9 @@
 """Settings shared by every process, read from the environment once.
 
 KAFKA_BOOTSTRAP points everything at a cluster (default: the local broker of scripts/kafka.sh).
-Security settings pass straight through to the clients: KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_MECHANISM,
-KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD, KAFKA_SSL_CA_LOCATION.
+How every Kafka client authenticates (SASL, TLS and mTLS, OAUTHBEARER, KAFKA_CONFIG_FILE) is read once by
+streams/kafka_security.py and reaches the confluent-kafka clients (kafka_config) and the worker's Faust consumer
+(faust_credentials) alike.
 LEDGER_CONNECT_TIMEOUT_S bounds how long a client or CLI command waits for the cluster before it gives up
 with one line (`error: cannot reach Kafka at HOST:PORT`) instead of retrying for ever.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field, replace
+
+from streams import kafka_security
 
 # librdkafka's own log lines (connection refused, broker down, ...) go through this logger instead of
 # straight to stderr, so a process decides how much of them it shows.
@@ -58,6 +61,13 @@ class Settings:
     def with_prefix(self, prefix: str) -> "Settings":
         return replace(self, prefix=prefix, security=dict(self.security))
 
+    def faust_credentials(self):
+        """The same security settings as faust's broker_credentials (aiokafka), None for PLAINTEXT."""
+        try:
+            return kafka_security.faust_credentials(self.security)
+        except kafka_security.SecurityConfigError as exc:
+            raise ConfigError(str(exc)) from None
+
 
 class ConfigError(ValueError):
     """An environment variable whose value the ledger cannot use; the message names it."""
@@ -75,14 +85,10 @@ def _number(env: dict[str, str], name: str, default: str, kind: type, minimum: f
 
 
 def _security_from_env(env: dict[str, str]) -> dict[str, str]:
-    names = {
-        "KAFKA_SECURITY_PROTOCOL": "security.protocol",
-        "KAFKA_SASL_MECHANISM": "sasl.mechanism",
-        "KAFKA_SASL_USERNAME": "sasl.username",
-        "KAFKA_SASL_PASSWORD": "sasl.password",
-        "KAFKA_SSL_CA_LOCATION": "ssl.ca.location",
-    }
-    return {key: env[var] for var, key in names.items() if env.get(var)}
+    try:
+        return kafka_security.from_env(env)
+    except kafka_security.SecurityConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load(env: dict[str, str] | None = None) -> Settings:
