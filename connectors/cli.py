@@ -21,9 +21,12 @@ class LedgerCli(typer.Typer):
 
         from connectors.admin import BrokerUnreachable
 
-        # librdkafka's retries are noise on a terminal: BrokerUnreachable says what happened.
-        logging.getLogger("ledger.kafka").setLevel(os.environ.get("LEDGER_KAFKA_LOG_LEVEL", "CRITICAL"))
+        from streams import logs
+
         try:
+            logs.setup()  # LEDGER_LOG_FORMAT=json: every command's log lines are JSON objects
+            # librdkafka's retries are noise on a terminal: BrokerUnreachable says what happened.
+            logging.getLogger("ledger.kafka").setLevel(os.environ.get("LEDGER_KAFKA_LOG_LEVEL", "CRITICAL"))
             return super().__call__(*args, **kwargs)
         except config.ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)

@@ -42,7 +42,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from projections import fold
 from projections.db import display
-from projections.metrics import ReadSideCollector, StatsCache, money
+from projections.drift import CHECK_EVERY_S as DRIFT_EVERY_S, DriftChecker, run as run_drift
+from projections.metrics import ReadSideCollector, StatsCache, money, transfers_older_than
 from projections.store import Store
 from streams import routing
 from streams.config import Settings
@@ -319,14 +320,21 @@ def single_sequence(store: Store, row) -> None:
 
 
 # --- the app ----------------------------------------------------------------------------------------------------
-def _lifespan(target: str | Path, settings: Settings | None, projector: bool, readers: Readers, hub: Hub):
+def _lifespan(target: str | Path, settings: Settings | None, projector: bool, readers: Readers, hub: Hub,
+              drift: DriftChecker | None = None, drift_every_s: float = 0.0):
     """The hub for the app's lifetime; with projector=True, the projector in a thread, nudging the hub after
-    every batch (read-your-writes and the live feed see a batch as soon as it commits)."""
+    every batch (read-your-writes and the live feed see a batch as soon as it commits); with a drift
+    checker, its thread (projections/drift.py)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         stop = threading.Event()
         thread = None
         await hub.start()
+        checker = None
+        if drift is not None:
+            checker = threading.Thread(target=run_drift, args=(drift, str(target), stop, drift_every_s),
+                                       name="drift-check", daemon=True)
+            checker.start()
         if projector:
             from projections.projector import run
 
@@ -339,8 +347,9 @@ def _lifespan(target: str | Path, settings: Settings | None, projector: bool, re
         finally:
             stop.set()
             await hub.stop()
-            if thread is not None:
-                thread.join(10)
+            for t in (thread, checker):
+                if t is not None:
+                    t.join(10)
             readers.close()
 
     return lifespan
@@ -370,19 +379,22 @@ def _answer_errors_as_json(app: FastAPI) -> None:
 
 
 def create_app(target: str | Path, settings: Settings | None = None, *, projector: bool = False,
-               min_seq_timeout_s: float = 5.0, read_threads: int = READ_THREADS, poll_s: float = POLL_S) -> FastAPI:
+               min_seq_timeout_s: float = 5.0, read_threads: int = READ_THREADS, poll_s: float = POLL_S,
+               drift_every_s: float = DRIFT_EVERY_S) -> FastAPI:
     """The API over the store `target` (a SQLite path or a postgresql:// URL). projector=True also runs the
-    projector in a thread (needs settings). The routes ask the store and format its rows; nothing else."""
+    projector in a thread (needs settings). drift_every_s > 0 runs the background drift check
+    (projections/drift.py) at that pace. The routes ask the store and format its rows; nothing else."""
     # The writer creates the schema; a reader needs it to exist before its first query.
     Store(target, settings.prefix if settings else None).close()
     readers = Readers(target, read_threads)
-    stats = StatsCache(Store(target, readonly=True))
+    drift = DriftChecker() if drift_every_s > 0 else None
+    stats = StatsCache(Store(target, readonly=True), drift=drift)
     hub = Hub(readers, stats, poll_s)
     registry = CollectorRegistry()
     registry.register(ReadSideCollector(stats))
 
     app = FastAPI(title="Ledger read API", version="1",
-                  lifespan=_lifespan(target, settings, projector, readers, hub),
+                  lifespan=_lifespan(target, settings, projector, readers, hub, drift, drift_every_s),
                   description="Balances, history, holds, transactions and command results from the read store. "
                               "Read-only. " + (__doc__ or "").split("stable codes:")[-1])
     app.state.readers = readers
@@ -485,6 +497,36 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
 
         return await answer(body)
 
+    @app.get("/accounts/{account_id}/series", summary="Posted and held after each change, for a chart",
+             responses=_errors(400, 404, 422))
+    async def get_series(account_id: str, limit: int = Query(500, ge=1, le=SQL_MAX)):
+        """The account's last `limit` changes (at most MAX_PAGE): log time, seq, posted and held after each."""
+        def body(store: Store, row) -> dict[str, Any]:
+            single_sequence(store, row)
+            rows = store.journal_tail(account_id, min(limit, MAX_PAGE))
+            cur = row["currency"]
+            return {"account_id": account_id, "currency": cur,
+                    "points": [{"seq": r["seq"], "at_ms": r["at_ms"], "posted": money(int(r["posted_after"]), cur),
+                                "held": money(int(r["held_after"]), cur)} for r in rows]}
+
+        return await answer(body, account_id)
+
+    # --- operations: transfers in clearing, drift ------------------------------------------------------------
+    @app.get("/transfers/in-clearing", summary="Cross-partition transfers with money still in clearing",
+             responses=_errors(422))
+    async def get_in_clearing(older_than_s: float = Query(0.0, ge=0, le=10**9)):
+        """Oldest first; `older_than_s` keeps those in clearing at least that long (stuck ones: see
+        LEDGER_STUCK_AFTER_S and the ledger_stuck_transfers metric)."""
+        def body(store: Store) -> dict[str, Any]:
+            return {"older_than_s": older_than_s, "stuck_after_s": stats.stuck_after_s,
+                    "transfers": transfers_older_than(store, older_than_s)}
+
+        return await answer(body)
+
+    @app.get("/drift", summary="The background drift check: accounts whose balance differs from their history")
+    async def get_drift():
+        return _json(drift.report() if drift is not None else {"enabled": False})
+
     # --- dashboard, live events, metrics ---------------------------------------------------------------------
     @app.get("/healthz", include_in_schema=False)
     async def healthz():
@@ -552,8 +594,9 @@ async def _event_stream(hub: Hub, since: int | None, max_s: float):
 def app_from_env() -> FastAPI:
     """The app of one served process when `ledger api` runs several (uvicorn's factory, settings from the
     environment; the projector runs in the supervising process)."""
-    from streams import config
+    from streams import config, logs
 
+    logs.setup()  # a served process is spawned afresh: it logs as its supervisor does
     settings = config.load()
     if os.environ.get("LEDGER_API_PREFIX"):
         settings = settings.with_prefix(os.environ["LEDGER_API_PREFIX"])
@@ -568,11 +611,14 @@ def serve(settings: Settings, target: str | Path, host: str = "127.0.0.1", port:
     and each served process follows the store through its hub."""
     import uvicorn
 
+    from streams import logs
+
     workers = workers or os.cpu_count() or 1
     print(f"ledger api: dashboard at http://{host}:{port}/  (OpenAPI at /docs, store {display(target)}, "
           f"{workers} process(es))", flush=True)
     if workers == 1:
-        uvicorn.run(create_app(target, settings, projector=projector), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(target, settings, projector=projector), host=host, port=port, log_level="warning",
+                    log_config=logs.uvicorn_log_config())
         return
     Store(target, settings.prefix).close()
     stop = threading.Event()
@@ -585,7 +631,7 @@ def serve(settings: Settings, target: str | Path, host: str = "127.0.0.1", port:
     os.environ["LEDGER_API_TARGET"], os.environ["LEDGER_API_PREFIX"] = str(target), settings.prefix
     try:
         uvicorn.run("projections.api:app_from_env", factory=True, host=host, port=port, workers=workers,
-                    log_level="warning")
+                    log_level="warning", log_config=logs.uvicorn_log_config())
     finally:
         stop.set()
         if thread is not None:

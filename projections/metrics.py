@@ -1,11 +1,18 @@
 """What the read side knows about the ledger's health, for the dashboard and Prometheus `/metrics`.
 
 Everything is read from the read store (never the workers): projector lag, results by outcome and reason,
-Σ posted per currency (P1), money in clearing and since when (P6), throughput by log time. `Stats` is
+Σ posted per currency (P1), money in clearing (P6) with the transfers holding it, throughput by log time, and
+the background drift check's findings (projections/drift.py). Only the produce->result latency and the
+commands lag per partition come from the workers' own /metrics (projections/worker_metrics.py). `Stats` is
 computed at most once per `max_age_s` and shared by every dashboard client and every scrape.
+
+Clearing age is the age of the oldest transfer still in clearing, not how long the clearing account has been
+non-zero: under steady cross-partition traffic clearing is never empty, but each transfer leaves it within
+moments, so the age stays small and only a stuck transfer makes it grow; the metric names that transfer.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -15,11 +22,29 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from projections.drift import DriftChecker
 from projections.store import Store
+from projections.worker_metrics import WorkerMetrics, endpoints
+from streams.config import ConfigError
 from streams.core import DEFAULT_CURRENCIES, format_amount
 
 THROUGHPUT_WINDOW_S = 120
 LAG_HISTORY = 300  # samples (one per second)
+TRANSFERS_MAX_AGE_S = 5.0  # how often the transfers in clearing are listed afresh (a pass over clearing's journal)
+TRANSFERS_SHOWN = 20
+
+
+def stuck_after_s(env: dict[str, str] | None = None) -> float:
+    """LEDGER_STUCK_AFTER_S: a transfer longer than this in clearing is stuck (default 60)."""
+    env = os.environ if env is None else env
+    text = env.get("LEDGER_STUCK_AFTER_S") or "60"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"LEDGER_STUCK_AFTER_S={text!r} is not a number") from None
+    if value <= 0:
+        raise ConfigError(f"LEDGER_STUCK_AFTER_S={text!r} must be more than 0")
+    return value
 
 
 def money(minor: int, currency: str) -> dict[str, str | None]:
@@ -38,18 +63,46 @@ class StatsCache:
     _value: dict[str, Any] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     lag_history: deque = field(default_factory=lambda: deque(maxlen=LAG_HISTORY))
+    clearing_history: deque = field(default_factory=lambda: deque(maxlen=LAG_HISTORY))
+    drift: DriftChecker | None = None
+    workers: WorkerMetrics = field(default_factory=lambda: WorkerMetrics(endpoints()))
+    stuck_after_s: float = field(default_factory=stuck_after_s)
+    _transfers: list[dict] = field(default_factory=list)
+    _transfers_at: float = 0.0
 
     def get(self) -> dict[str, Any]:
         with self._lock:
             now = time.monotonic()
             if now - self._at >= self.max_age_s or not self._value:
-                self._value = compute(self.store, self.lag_history)
+                if now - self._transfers_at >= TRANSFERS_MAX_AGE_S:
+                    self._transfers = self.store.transfers_in_clearing()
+                    self._transfers_at = now
+                self._value = compute(self.store, self.lag_history, self._transfers, self.stuck_after_s,
+                                      self.clearing_history)
+                self._value["drift"] = self.drift.report() if self.drift is not None else None
+                self.workers.refresh(self._value["now_ms"])
+                self._value["workers"] = self.workers.view()
                 self._at = now
             return self._value
 
 
-def compute(store: Store, lag_history: deque) -> dict[str, Any]:
+
+def transfers_older_than(store: Store, older_than_s: float = 0.0) -> list[dict[str, Any]]:
+    """Transfers in clearing now, oldest first, in clearing for at least older_than_s."""
     now_ms = int(time.time() * 1000)
+    return [transfer_view(t, now_ms) for t in store.transfers_in_clearing()
+            if now_ms - t["since_ms"] >= older_than_s * 1000]
+
+
+def transfer_view(t: dict, now_ms: int) -> dict[str, Any]:
+    return {"transaction_id": t["transaction_id"], **money(t["amount"], t["currency"]),
+            "since_ms": t["since_ms"], "age_s": max(now_ms - t["since_ms"], 0) / 1000}
+
+
+def compute(store: Store, lag_history: deque, transfers: list[dict] | None = None, stuck_s: float = 60.0,
+            clearing_history: deque | None = None) -> dict[str, Any]:
+    now_ms = int(time.time() * 1000)
+    transfers = [transfer_view(t, now_ms) for t in (transfers or [])]
     lag = store.lag()
     lag_total = sum(lag.values())
     # One sample per second at most: the dashboard's lag chart (the projector may run in another process).
@@ -70,9 +123,20 @@ def compute(store: Store, lag_history: deque) -> dict[str, Any]:
                    "rejected": per_second.get((s, "rejected"), 0)} for s in range(start_s, end_s + 1)]
 
     sums = store.currency_sums()
-    clearing = [{**money(c["posted"], c["currency"]),
-                 "age_s": None if c["since_ms"] is None else max(now_ms - c["since_ms"], 0) / 1000}
-                for c in store.clearing()]
+    oldest: dict[str, dict] = {}
+    for t in transfers:  # oldest first
+        oldest.setdefault(t["currency"], t)
+    clearing = []
+    for c in store.clearing():
+        first = oldest.get(c["currency"])
+        clearing.append({**money(c["posted"], c["currency"]),
+                         "age_s": first["age_s"] if first else None,
+                         "oldest_transaction_id": first["transaction_id"] if first else None,
+                         "transfers": sum(t["currency"] == c["currency"] for t in transfers),
+                         "stuck": sum(t["currency"] == c["currency"] and t["age_s"] >= stuck_s
+                                      for t in transfers)})
+    if clearing_history is not None and (not clearing_history or now_ms - clearing_history[-1]["t_ms"] >= 1000):
+        clearing_history.append({"t_ms": now_ms, "minor": {c["currency"]: c["minor"] for c in clearing}})
     return {
         "now_ms": now_ms,
         "version": store.version(),
@@ -85,6 +149,10 @@ def compute(store: Store, lag_history: deque) -> dict[str, Any]:
         "throughput": throughput,
         "sums": [{**money(total, cur), "balanced": total == 0} for cur, total in sorted(sums.items())],
         "clearing": clearing,
+        "clearing_history": list(clearing_history or ()),
+        "transfers_in_clearing": transfers[:TRANSFERS_SHOWN],
+        "stuck_after_s": stuck_s,
+        "lag_by_partition": store.lag_by_partition(),
         "reconciled": all(total == 0 for total in sums.values()),
         "accounts": store.account_count(),
     }
@@ -116,12 +184,43 @@ class ReadSideCollector(Collector):
         yield sums
         clearing = GaugeMetricFamily("ledger_clearing_minor", "Money in clearing per currency (P6: 0 when quiet).",
                                      labels=["currency"])
-        age = GaugeMetricFamily("ledger_clearing_age_seconds", "Since when clearing holds money, per currency.",
+        age = GaugeMetricFamily("ledger_clearing_age_seconds",
+                                "Age of the oldest transfer still in clearing, per currency (0: none).",
                                 labels=["currency"])
+        oldest = GaugeMetricFamily("ledger_clearing_oldest_transfer_seconds",
+                                   "The oldest transfer still in clearing, named, per currency.",
+                                   labels=["currency", "transaction_id"])
+        count = GaugeMetricFamily("ledger_transfers_in_clearing", "Transfers with money in clearing, per currency.",
+                                  labels=["currency"])
+        stuck = GaugeMetricFamily("ledger_stuck_transfers",
+                                  "Transfers in clearing for longer than LEDGER_STUCK_AFTER_S, per currency.",
+                                  labels=["currency"])
         for entry in s["clearing"]:
             clearing.add_metric([entry["currency"]], float(int(entry["minor"])))
             age.add_metric([entry["currency"]], entry["age_s"] or 0.0)
+            count.add_metric([entry["currency"]], entry["transfers"])
+            stuck.add_metric([entry["currency"]], entry["stuck"])
+            if entry["oldest_transaction_id"]:
+                oldest.add_metric([entry["currency"], entry["oldest_transaction_id"]], entry["age_s"])
         yield clearing
         yield age
+        yield oldest
+        yield count
+        yield stuck
+        yield GaugeMetricFamily("ledger_stuck_after_seconds", "The age from which a transfer in clearing is stuck.",
+                                value=s["stuck_after_s"])
+        drift = s.get("drift")
+        if drift is not None:
+            yield GaugeMetricFamily("ledger_drift_accounts", "Accounts whose balance differs from the fold of their "
+                                    "history, in the drift check's last complete pass.", value=len(drift["drifting"]))
+            yield GaugeMetricFamily("ledger_drift_behind_accounts", "Accounts not judged in the last pass (their "
+                                    "history not yet projected to the balance's seq).", value=drift["behind"])
+            yield CounterMetricFamily("ledger_drift_checks", "Account checks made by the drift check.",
+                                      value=drift["checked"])
+            yield CounterMetricFamily("ledger_drift_passes", "Complete passes of the drift check.",
+                                      value=drift["passes"])
+            if drift["last_pass_at"] is not None:
+                yield GaugeMetricFamily("ledger_drift_last_pass_timestamp_seconds",
+                                        "When the drift check last completed a pass.", value=drift["last_pass_at"])
         yield GaugeMetricFamily("ledger_reconciliation_ok", "1 when every currency sums to zero (exact check).",
                                 value=1 if s["reconciled"] else 0)

@@ -369,6 +369,58 @@ class Store:
         return [{"currency": r["currency"], "posted": int(r["posted"]), "since_ms": r["nonzero_since_ms"]}
                 for r in rows]
 
+    def transfers_in_clearing(self) -> list[dict]:
+        """Transactions whose money is still in clearing (their clearing entries do not sum to zero: reserved
+        in one partition, not yet credited in another), one row per (transaction, currency), oldest first,
+        with the log time of the transaction's first clearing entry.
+
+        The database narrows the clearing journal to the candidates (a float sum, exact below 2^53: amounts of
+        more than 15 digits are always candidates), then fold.in_clearing decides on exact integers. Cost: one
+        pass over the clearing shards' journal (their primary key range), not over the whole history."""
+        low, high = fold.CLEARING, fold.CLEARING[:-1] + chr(ord(fold.CLEARING[-1]) + 1)
+        candidates = [r[0] for r in self.conn.execute(
+            "SELECT transaction_id FROM history WHERE account_id >= ? AND account_id < ? "
+            "AND transaction_id IS NOT NULL GROUP BY transaction_id "
+            "HAVING SUM(CAST(amount AS DOUBLE PRECISION)) <> 0 OR MAX(LENGTH(amount)) > 15", (low, high))]
+        by_transaction: dict[str, list] = defaultdict(list)
+        for row in self._rows_where_in("SELECT transaction_id, account_id, currency, amount, at_ms FROM history",
+                                       "transaction_id", candidates):
+            if row["account_id"] >= low and row["account_id"] < high:
+                by_transaction[row["transaction_id"]].append(row)
+        out = []
+        for transaction_id, entries in by_transaction.items():
+            since_ms = min(e["at_ms"] for e in entries)
+            for currency, amount in sorted(fold.in_clearing(entries).items()):
+                if amount:
+                    out.append({"transaction_id": transaction_id, "currency": currency, "amount": amount,
+                                "since_ms": since_ms})
+        return sorted(out, key=lambda t: (t["since_ms"], t["transaction_id"], t["currency"]))
+
+    def balance_rows(self, after_account: str, limit: int) -> list:
+        """Published balance rows (shards as they are) after an account id, in id order: a checker's walk."""
+        return self.conn.execute("SELECT * FROM accounts WHERE account_id > ? ORDER BY account_id LIMIT ?",
+                                 (after_account, limit)).fetchall()
+
+    def journal(self, account_id: str, after_seq: int, upto_seq: int) -> list:
+        """An account's history entries with after_seq < seq <= upto_seq, in seq order."""
+        return self.conn.execute("SELECT * FROM history WHERE account_id = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                                 (account_id, after_seq, upto_seq)).fetchall()
+
+    def journal_tail(self, account_id: str, limit: int) -> list:
+        """An account's last `limit` history entries, oldest first."""
+        rows = self.conn.execute("SELECT seq, at_ms, posted_after, held_after FROM history WHERE account_id = ? "
+                                 "ORDER BY seq DESC LIMIT ?", (account_id, limit)).fetchall()
+        return rows[::-1]
+
+    def lag_by_partition(self) -> dict[str, dict[int, int]]:
+        """Records behind the topics per topic and partition (at the projector's last end check)."""
+        out: dict[str, dict[int, int]] = defaultdict(dict)
+        for r in self.conn.execute("SELECT e.topic AS topic, e.partition AS partition, e.end_offset AS e, "
+                                   "COALESCE(o.next_offset, 0) AS n FROM end_offsets e LEFT JOIN offsets o "
+                                   "ON o.topic = e.topic AND o.partition = e.partition"):
+            out[r["topic"]][r["partition"]] = max(r["e"] - r["n"], 0)
+        return dict(out)
+
     def view(self, account_id: str) -> Any:
         """The account as reported: a shard id reads its shard, any other id the (summed) view."""
         if routing.SHARD_MARK in account_id:

@@ -24,8 +24,12 @@ MARKER = b"\xc3\x01"
 SCHEMA_NAMES = ("command", "command_batch", "result", "history", "balance", "dead_letter", "state")
 
 
+# Every reason a DecodeError gives (a dead letter's reason, a metric's label).
+DECODE_REASONS = ("empty", "not_avro", "unknown_schema", "wrong_schema", "corrupt")
+
+
 class DecodeError(ValueError):
-    """Bytes that are not a message of a known schema; the reason is machine-readable."""
+    """Bytes that are not a message of a known schema; the reason (one of DECODE_REASONS) is machine-readable."""
 
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 
 import faust
@@ -20,7 +21,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from streams import config, limits, metrics
+from streams import config, limits, logs, metrics
 from streams.engine import CommandRecord, Engine
 
 log = logging.getLogger("ledger.worker")
@@ -49,6 +50,7 @@ app = faust.App(
     broker_request_timeout=max(config.WORKER_CONSUMER_REQUEST_TIMEOUT_S, SESSION_TIMEOUT_S),
     broker_commit_interval=1.0,
     web_enabled=False,
+    logging_config=logs.dict_config(),  # LEDGER_LOG_FORMAT=json: JSON lines instead of Faust's coloured text
 )
 
 _create_worker_consumer = faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer
@@ -146,6 +148,8 @@ async def ledger_worker(stream):
         ]
         try:
             await engine.process(records)
+            if METRICS_PORT:
+                metrics.record_latency([r.timestamp_ms for r in records], round(time.time() * 1000))
             _observe_lag(events)
         except BaseException:
             # take_events acks the batch when this body ends, even by an exception: never let it end so.

@@ -6,9 +6,19 @@ from collections import Counter
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Gauge, Histogram, start_http_server
 
+from schemas.codec import DECODE_REASONS
+
 COMMANDS = PromCounter("ledger_commands_total", "Commands answered, by kind and outcome", ["kind", "outcome"])
 REJECTIONS = PromCounter("ledger_rejections_total", "Rejected commands, by reason", ["reason"])
 DEAD_LETTERS = PromCounter("ledger_dead_letters_total", "Undecodable commands sent to the dead-letter topic", ["reason"])
+# Present at 0 from the start, so an alert on increase() sees the first dead letter too (a series that appears
+# at 1 has no earlier sample to increase from).
+for _reason in DECODE_REASONS:
+    DEAD_LETTERS.labels(_reason)
+# From the command record's timestamp (its producer's clock, CreateTime) to its batch's commit: what a client
+# waits for its result, less the result's trip back.
+RESULT_LATENCY = Histogram("ledger_result_latency_seconds", "From a command's produce time to its result's commit",
+                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 BATCH_SECONDS = Histogram("ledger_batch_seconds", "Time to decide and commit one batch",
                           buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
 BATCH_SIZE = Histogram("ledger_batch_commands", "Commands decided per batch",
@@ -33,3 +43,10 @@ def record_batch(counts: Counter, records: int, seconds: float) -> None:
             REJECTIONS.labels(reason).inc(n)
     BATCH_SECONDS.observe(seconds)
     BATCH_SIZE.observe(records)
+
+
+def record_latency(timestamps_ms: list[int], now_ms: int) -> None:
+    """One latency observation per command record of a committed batch."""
+    observe = RESULT_LATENCY.observe
+    for ts in timestamps_ms:
+        observe(max(now_ms - ts, 0) / 1000)
