@@ -25,8 +25,8 @@ from streams.config import Settings
 
 class AsyncLedgerClient:
     def __init__(self, settings: Settings, client_id: str = "client", max_in_flight: int = 10_000,
-                 batching: bool = True):
-        self._sync = LedgerClient(settings, client_id)
+                 batching: bool = True, key: str | bytes | None = None):
+        self._sync = LedgerClient(settings, client_id, key)  # key: signs its commands (LedgerClient.key)
         self._batching = batching
         self._send_scheduled = False
         self._waiting: dict[str, list[asyncio.Future]] = {}

@@ -210,7 +210,8 @@ def loadgen(
 @app.command()
 def submit(
     path: str = typer.Argument(..., help="A JSON Lines file of commands (see README), or - for stdin."),
-    client_id: str = typer.Option("cli", help="Scopes the command ids."),
+    client_id: str = typer.Option("cli", envvar="LEDGER_CLIENT_ID",
+                                  help="Scopes the command ids; signs as this client with LEDGER_CLIENT_KEY."),
     timeout_s: float = typer.Option(60.0, "--timeout", help="Seconds to wait for all results."),
     as_json: bool = typer.Option(False, "--json", help="One JSON result per line instead of a summary."),
 ) -> None:
@@ -314,7 +315,8 @@ def _send_one(line: dict, client_id: str, as_json: bool, timeout_s: float = 30.0
     raise typer.Exit(0 if result["outcome"] == "accepted" else 1)
 
 
-CLIENT_ID = typer.Option("cli", "--client-id", help="Scopes the command ids.")
+CLIENT_ID = typer.Option("cli", "--client-id", envvar="LEDGER_CLIENT_ID",
+                          help="Scopes the command ids; signs as this client with LEDGER_CLIENT_KEY.")
 
 
 @app.command("open")

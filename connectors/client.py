@@ -24,6 +24,7 @@ from connectors.admin import BrokerUnreachable, require_broker
 from connectors.answers import Answers
 from schemas.codec import DecodeError, codec
 from streams import routing
+from streams.authn import Signer
 from streams.config import Settings
 from streams.producing import produce
 
@@ -72,6 +73,9 @@ class ResultTimeout(TimeoutError):
 class LedgerClient:
     settings: Settings
     client_id: str = "client"
+    # This client's key: every commands record it produces is signed with it (streams/authn.py). None: the
+    # key of LEDGER_CLIENT_KEY / LEDGER_CLIENT_KEY_FILE if set, else records go unsigned (an open ledger).
+    key: str | bytes | None = field(default=None, repr=False)
     _producer: Producer = field(init=False)
     _consumer: Consumer = field(init=False)
     _answers: Answers = field(init=False, default_factory=Answers)
@@ -84,6 +88,7 @@ class LedgerClient:
 
     def __post_init__(self) -> None:
         self._codec = codec()
+        self._signer = Signer.for_client(self.client_id, self.key)
         self._producer = Producer({**self.settings.kafka_config(), "enable.idempotence": True, "acks": "all",
                                    "linger.ms": 2})
         self._consumer = Consumer({**self.settings.kafka_config(), "group.id": f"client-{uuid.uuid4()}",
@@ -140,8 +145,13 @@ class LedgerClient:
             if len(self._pending[partition]) >= self._batch_max:
                 self._send_batch(partition)
             return
-        produce(self._producer, self.settings.topic("commands"), value, key, partition=partition)
+        self._produce(value, key, partition)
         self._producer.poll(0)
+
+    def _produce(self, value: bytes, key: bytes, partition: int) -> None:
+        topic = self.settings.topic("commands")
+        headers = None if self._signer is None else self._signer.headers(topic, partition, value)
+        produce(self._producer, topic, value, key, partition=partition, headers=headers)
 
     @contextmanager
     def batch(self, max_commands: int = 500) -> Iterator["LedgerClient"]:
@@ -178,14 +188,20 @@ class LedgerClient:
         # A lone command needs no envelope.
         value = items[0][1] if len(items) == 1 else \
             self._codec.encode("command_batch", {"commands": [v for _, v in items]})
-        produce(self._producer, self.settings.topic("commands"), value, items[0][0], partition=partition)
+        self._produce(value, items[0][0], partition)
         # Forgotten only once produced: if produce raises, the commands still wait (and are sent on retry).
         del self._pending[partition]
         self._pending_bytes.pop(partition, None)
         self._producer.poll(0)
 
     def submit(self, plan) -> list[str]:
-        """Send every command of a business-event rule's plan (connectors.rules); returns their ids."""
+        """Send every command of a business-event rule's plan (connectors.rules); returns their ids. A
+        signing client sends them as its own: the plan must be built for its client id (rules.Context)."""
+        if self._signer is not None:
+            foreign = {record["client_id"] for _, record in plan} - {self.client_id}
+            if foreign:
+                raise ClientValidationError(f"a plan for client ids {sorted(foreign)} cannot be signed by "
+                                            f"{self.client_id!r}: build it with Context(client_id={self.client_id!r})")
         for routing_account, record in plan:
             self._send_record(record, routing_account)
         return list(plan.command_ids)

@@ -59,6 +59,7 @@ from streams.config import Settings
 from streams.partition import Output, PartitionProcessor
 from streams.producing import produce
 from streams.seal import Seal
+from streams.authn import Clients
 from streams.store import RocksStore
 
 log = logging.getLogger("ledger.engine")
@@ -155,6 +156,8 @@ class Engine:
         self.currencies = currencies
         self._codec = codec()
         self.seal = Seal.from_env()  # seals the follow-up commands this worker writes (streams/seal.py)
+        # Who the clients are and what each may do (streams/authn.py); None: the ledger runs open (dev mode).
+        self.clients = Clients.from_env()
         # One transactional producer per partition served, made (and initialised: the fence) at its restore.
         self.producers: dict[int, Producer] = {}
         self.processors: dict[int, PartitionProcessor] = {}
@@ -179,7 +182,7 @@ class Engine:
         if proc is None:
             store = RocksStore(self.data_dir / f"p{partition}")
             proc = PartitionProcessor(partition, self.settings.partitions, store, self.currencies, self.seal,
-                                      self._topics["commands"])
+                                      self._topics["commands"], clients=self.clients)
             self.processors[partition] = proc
         return proc
 

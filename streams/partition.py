@@ -22,6 +22,8 @@ from streams import core, limits, routing
 from streams.routing import ENGINE_CLIENT
 from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rejection, Result
 from streams.seal import DEVELOPMENT, Headers, Seal
+from streams.authn import Clients
+from streams.core.policy import judge as judge_policy
 from streams.spanning import SPANNING_KINDS, Spanning
 from streams.store import KeyValueStore
 from streams.wire import (
@@ -59,12 +61,17 @@ class Output:
     timestamp_ms: int
 
 
+# Answers to a record that is not the command's own: kept under their own key (see result_key).
+_IMPOSTOR_REASONS = ("id_conflict", "not_authenticated")
+
+
 def result_key(client_id: str, command_id: str, reason: str | None) -> bytes:
     """The results topic's key: client_id/command_id. An id_conflict answers another payload sent under a
-    used id, so it goes under its own key (…/command_id#id_conflict): a reader that keeps the latest result
-    per key (compaction, a table) keeps the command's decision, never the refusal of an impostor."""
+    used id, and a not_authenticated answers a record the named client may not have written, so they go
+    under their own key (…/command_id#id_conflict, …#not_authenticated): a reader that keeps the latest
+    result per key (compaction, a table) keeps the command's decision, never the refusal of an impostor."""
     key = f"{client_id}/{command_id}"
-    return (key + "#id_conflict" if reason == "id_conflict" else key).encode()
+    return (key + "#" + reason if reason in _IMPOSTOR_REASONS else key).encode()
 
 
 def _inbox_key(client_id: str, command_id: str) -> bytes:
@@ -286,7 +293,7 @@ class PartitionProcessor:
 
     def __init__(self, partition: int, partitions: int, store: KeyValueStore,
                  currencies: core.CurrencyRegistry = core.DEFAULT_CURRENCIES, seal: Seal = DEVELOPMENT,
-                 commands_topic: str = "commands"):
+                 commands_topic: str = "commands", clients: Clients | None = None):
         self.partition = partition
         self.partitions = partitions
         self.currencies = currencies
@@ -295,6 +302,10 @@ class PartitionProcessor:
         self.commands_topic = commands_topic
         self._raw: tuple[bytes | None, Headers] = (None, None)
         self._sealed: bool | None = None  # whether the record being decided is sealed; computed when asked
+        # Client authentication (streams/authn.py): None runs open. _signer: (client id, "") or (None, why)
+        # for the record being decided, computed once per record (a batch has one signature).
+        self.clients = clients
+        self._signer: tuple[str | None, str] | None = None
         self.state = PartitionState(store)
         self.outputs: list[Output] = []
         self.changelog: list[bytes] = []  # encoded StateChange records of the batch, in order
@@ -328,7 +339,7 @@ class PartitionProcessor:
         """One record of the commands topic: a command, or a CommandBatch whose commands are decided in order
         exactly as if each had been a record of its own (with this record's time). headers: the record's
         Kafka headers (the engine's seal, if a worker wrote it)."""
-        self._raw, self._sealed = (value, headers), None
+        self._raw, self._sealed, self._signer = (value, headers), None, None
         if value is not None and value[:10] == self._batch_header:
             try:
                 items = self._codec.decode("command_batch", value)["commands"]
@@ -381,6 +392,11 @@ class PartitionProcessor:
                          f"engine_step_unsealed: a {kind} as client {client_id!r} is taken only from a record "
                          f"a ledger worker sealed (streams/seal.py); this record has no valid seal")
             return
+        if self.clients is not None and client_id != ENGINE_CLIENT and not self._is_sealed():
+            refusal = self._unauthenticated(client_id)  # client authentication (streams/authn.py)
+            if refusal is not None:
+                self._reject(command_id, client_id, timestamp_ms, Rejection.NOT_AUTHENTICATED, refusal)
+                return
         if client_id != ENGINE_CLIENT:  # the engine's own commands derive from commands checked here
             try:
                 limits.check_command(record, size)
@@ -403,13 +419,42 @@ class PartitionProcessor:
             self._refuse_unreadable(record, kind, timestamp_ms, Rejection.INVALID_COMMAND, str(exc))
             return
         if isinstance(command, core.PostTransaction) and self.spanning.is_copy(command):
+            if self._not_permitted(command) is not None:
+                return  # nothing to reserve: the coordinator judges the same command and answers it
             self._expire_due(offset, timestamp_ms)
             self.judge(command, offset)
             return
         if self._answer_if_seen(command):
             return
+        refusal = self._not_permitted(command)
+        if refusal is not None:
+            self._reject_command(command, Rejection.NOT_PERMITTED, refusal)
+            return
         self._expire_due(offset, timestamp_ms)
         self.judge(command, offset, seen_checked=True)
+
+    # Client authentication and policy (streams/authn.py, streams/core/policy.py) ----------------------------
+    def _unauthenticated(self, client_id: str) -> str | None:
+        """Why a command of client_id in this unsealed record is not taken as that client's, or None."""
+        if self._signer is None:
+            value, headers = self._raw
+            self._signer = self.clients.authenticate(self.commands_topic, self.partition, value, headers)
+        signer, why = self._signer
+        if signer is None:
+            return why
+        if signer != client_id:
+            return f"client_mismatch: a record signed by {signer[:200]!r} carries a command of {client_id[:200]!r}"
+        return None
+
+    def _not_permitted(self, command: core.Command) -> str | None:
+        """The refusal detail when the (authenticated) client's policy does not allow this command, which it
+        wrote itself; None when it does, when the ledger runs open, and for the engine's sealed records
+        (forwarded or derived from a command judged where it arrived)."""
+        if self.clients is None or command.client_id == ENGINE_CLIENT or self._is_sealed():
+            return None
+        hold = self.state.hold(command.hold_id) if isinstance(command, (core.ReleaseHold, core.ExpireHold)) else None
+        return judge_policy(self.clients.policy(command.client_id), command,
+                            None if hold is None else hold.account_id)
 
     def judge(self, command: core.Command, offset: int, seen_checked: bool = False, woken: bool = False) -> None:
         """A readable client command, in its place: a producer's copy of a multi-partition transaction

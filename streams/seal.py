@@ -57,8 +57,7 @@ class Seal:
 
     @staticmethod
     def _mac(key: bytes, topic: str, partition: int, value: bytes) -> bytes:
-        message = b"".join((_DOMAIN, topic.encode(), b"\x00", str(partition).encode(), b"\x00", value))
-        return hmac.new(key, message, hashlib.sha256).digest()
+        return record_mac(key, _DOMAIN, topic, partition, value)
 
     def headers(self, topic: str, partition: int, value: bytes) -> list[tuple[str, bytes]]:
         """The headers a worker puts on a commands record it produces."""
@@ -66,14 +65,32 @@ class Seal:
 
     def verify(self, topic: str, partition: int, value: bytes | None, headers: Headers) -> bool:
         """True when the record carries a seal made by a worker for this very topic, partition and value."""
-        if value is None or not headers:
+        if value is None:
             return False
-        items = headers.items() if isinstance(headers, Mapping) else headers
-        tags = [v for k, v in items if k == HEADER and isinstance(v, (bytes, bytearray))]
-        if len(tags) != 1:  # none, or several (which one would count?): not sealed
+        tag = single_header(headers, HEADER)
+        if tag is None:
             return False
-        tag = bytes(tags[0])
         return any(hmac.compare_digest(tag, self._mac(k, topic, partition, value)) for k in self._keys)
+
+
+# Shared with the clients' signatures (streams/authn.py): one way to bind a MAC to a record and to read it.
+def record_mac(key: bytes, domain: bytes, topic: str, partition: int, value: bytes, *context: str) -> bytes:
+    """HMAC-SHA256 under key of a commands record: its topic, partition and value, plus context strings
+    (a client id). domain separates the uses of the construction, so no MAC made for one is valid for another."""
+    parts = [domain, topic.encode(), b"\x00", str(partition).encode(), b"\x00"]
+    for text in context:
+        parts += [text.encode(), b"\x00"]
+    parts.append(value)
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+
+
+def single_header(headers: Headers, name: str) -> bytes | None:
+    """The value of the one header called name; None when there is none, or several (which one would count?)."""
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    values = [v for k, v in items if k == name and isinstance(v, (bytes, bytearray))]
+    return bytes(values[0]) if len(values) == 1 else None
 
 
 DEVELOPMENT = Seal(DEVELOPMENT_KEY)

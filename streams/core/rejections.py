@@ -68,6 +68,12 @@ class Rejection(enum.IntEnum):
     # Checked by the engine, not the core: the hold or account is reserved by a transaction whose debits span
     # several partitions and which is still being decided (release, freeze or close it after; retry).
     IN_FLIGHT = 23
+    # Checked by the engine before anything else when client keys are configured (streams/authn.py): the
+    # record is unsigned, its signature does not verify, or a command in it names another client than the
+    # signer. Answered, never remembered: an impostor cannot spend a client's command id. (24-27: reversals.)
+    NOT_AUTHENTICATED = 28
+    # The signer's policy does not allow the command (streams/core/policy.py); the detail names the rule.
+    NOT_PERMITTED = 29
 
     @property
     def code(self) -> str:
