@@ -151,6 +151,65 @@ def topics_delete(yes: bool = typer.Option(False, "--yes", help="Confirm deletio
     delete_topics(_kafka_settings())
 
 
+acl_app = typer.Typer(help="The ACL model: who may read and write which topic (docs/security.md).",
+                      no_args_is_help=True)
+app.add_typer(acl_app, name="acl")
+_ROLE_HELP = "Principal names (repeat the option or separate by commas)."
+WORKERS = typer.Option(["worker"], "--worker", envvar="LEDGER_ACL_WORKERS", help=_ROLE_HELP)
+PRODUCERS = typer.Option(["app-a", "app-b"], "--producer", envvar="LEDGER_ACL_PRODUCERS",
+                         help="Producing principals; PRINCIPAL:CLIENT_ID[,CLIENT_ID] when it sends under other "
+                              "client ids than its own name.")
+READERS = typer.Option(["reader"], "--reader", envvar="LEDGER_ACL_READERS", help=_ROLE_HELP)
+AUDITORS = typer.Option([], "--auditor", envvar="LEDGER_ACL_AUDITORS", help=_ROLE_HELP)
+
+
+def _roles(workers, producers, readers, auditors):
+    from connectors.acl import Roles
+
+    def split(values):  # "a,b" and repeated options alike; a producer's client ids keep their commas
+        return [v for value in values for v in value.split(" ") if v]
+
+    return Roles.parse(split(workers), split(producers), split(readers), split(auditors))
+
+
+@acl_app.command("show")
+def acl_show(workers: list[str] = WORKERS, producers: list[str] = PRODUCERS, readers: list[str] = READERS,
+             auditors: list[str] = AUDITORS) -> None:
+    """Print the grants `acl apply` would set, without a cluster."""
+    from connectors.acl import model
+
+    for grant in model(config.load(), _roles(workers, producers, readers, auditors)):
+        typer.echo(str(grant))
+
+
+@acl_app.command("apply")
+def acl_apply(workers: list[str] = WORKERS, producers: list[str] = PRODUCERS, readers: list[str] = READERS,
+              auditors: list[str] = AUDITORS,
+              prune: bool = typer.Option(False, "--prune", help="Also delete ALLOW bindings on the ledger's "
+                                                                 "resources that the model does not hold.")) -> None:
+    """Set the ACL model on the cluster (as an admin principal) and create each producer's own results
+    topic; idempotent."""
+    from connectors.acl import AclsUnsupported, apply, create_client_results_topics
+    from connectors.admin import admin_client
+
+    settings = config.load()
+    roles = _roles(workers, producers, readers, auditors)
+    admin = admin_client(settings)
+    for name in create_client_results_topics(settings, roles.clients(), admin):
+        typer.echo(f"created {name}")
+    try:
+        applied = apply(settings, roles, admin, prune=prune)
+    except AclsUnsupported as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    for grant in applied.created:
+        typer.echo(f"granted  {grant}")
+    for text in applied.removed:
+        typer.echo(f"revoked  {text}")
+    typer.echo(f"acl: {len(applied.created)} granted, {len(applied.kept)} already in place, "
+               f"{len(applied.removed)} revoked")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def worker(ctx: typer.Context) -> None:
     """Run a partition worker (extra arguments go to Faust's worker command)."""

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from connectors.admin import BrokerUnreachable, require_broker
 from connectors.answers import Answers
@@ -61,6 +61,16 @@ class Leg:
                 "currency": self.currency}
 
 
+class ResultsNotAuthorized(PermissionError):
+    """The cluster does not let this client's principal read the results topic it would wait on: the shared
+    one is for workers and auditors only on a secured cluster, and each client reads its own."""
+
+    def __init__(self, topic: str):
+        super().__init__(f"not authorized to read {topic}: a client reads its own results topic, made by "
+                         f"`ledger acl apply` for its principal (docs/security.md)")
+        self.topic = topic
+
+
 class ResultTimeout(TimeoutError):
     """No result within the timeout. The command may still be applied: retry with the same command ids."""
 
@@ -95,7 +105,7 @@ class LedgerClient:
                                    "enable.auto.commit": False, "isolation.level": "read_committed"})
         # Fail fast: without a cluster that answers, give up within the connect timeout (BrokerUnreachable).
         require_broker(self.settings, self._consumer)
-        topic = self.settings.topic("results")
+        topic = self.results_topic = self._results_topic()
         # Results of commands sent from now on: start every partition at its current end.
         deadline = time.monotonic() + self.settings.connect_timeout_s
         assignment = []
@@ -103,12 +113,21 @@ class LedgerClient:
             assignment.append(TopicPartition(topic, p, self._end_offset(topic, p, deadline)))
         self._consumer.assign(assignment)
 
+    def _results_topic(self) -> str:
+        """This client's own results topic when it has one (`ledger acl apply` makes it, and only this
+        client's principal may read it: docs/security.md), else the shared results topic."""
+        own = self.settings.client_results_topic(self.client_id)
+        topics = self._consumer.list_topics(timeout=self.settings.connect_timeout_s).topics
+        return own if own in topics and topics[own].error is None else self.settings.topic("results")
+
     def _end_offset(self, topic: str, partition: int, deadline: float) -> int:
         while True:
             try:
                 return self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                             timeout=self.settings.connect_timeout_s)[1]
             except KafkaException as exc:  # leadership still settling on a new topic
+                if exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise ResultsNotAuthorized(topic) from None
                 if time.monotonic() > deadline:
                     raise BrokerUnreachable(self.settings, f"no offsets for {topic}[{partition}]: {exc}") from None
                 time.sleep(0.1)
@@ -274,6 +293,8 @@ class LedgerClient:
         mine = []
         for msg in self._consumer.consume(1000, timeout=timeout_s):
             if msg.error():
+                if msg.error().code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise ResultsNotAuthorized(msg.topic())
                 continue
             try:
                 result = self._codec.decode("result", msg.value())

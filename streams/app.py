@@ -114,6 +114,18 @@ async def check_topic_limits() -> None:
         os._exit(78)  # EX_CONFIG
 
 
+# How often a worker looks for clients' own results topics made while it runs (Engine.refresh_client_results).
+CLIENT_RESULTS_REFRESH_S = float(os.environ.get("LEDGER_CLIENT_RESULTS_REFRESH_S", "15"))
+
+
+@app.timer(CLIENT_RESULTS_REFRESH_S)
+async def refresh_client_results() -> None:
+    try:
+        await asyncio.to_thread(engine.refresh_client_results)
+    except Exception as exc:  # noqa: BLE001 - the next restore or tick tries again; the shared topic has all
+        log.warning("could not list the clients' own results topics: %s", exc)
+
+
 @app.task
 async def serve_metrics() -> None:
     if METRICS_PORT:

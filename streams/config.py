@@ -58,6 +58,11 @@ class Settings:
         """confluent-kafka (librdkafka) configuration with the security pass-through."""
         return {"bootstrap.servers": self.bootstrap, "logger": KAFKA_LOG, **self.security}
 
+    def client_results_topic(self, client_id: str) -> str:
+        """A registered client's own results topic: the workers copy each of its results there, and only
+        that client's principal may read it (connectors/acl.py, docs/security.md)."""
+        return f"{self.prefix}results.{client_id}"
+
     def with_prefix(self, prefix: str) -> "Settings":
         return replace(self, prefix=prefix, security=dict(self.security))
 

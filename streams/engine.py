@@ -143,9 +143,13 @@ def _producer(settings: Settings, **extra) -> Producer:
     })
 
 
+# Every transactional.id of the workers starts with the prefix and this stem (connectors/acl.py grants them).
+TRANSACTIONAL_ID_STEM = "ledger-p"
+
+
 def transactional_id(settings: Settings, partition: int) -> str:
     """One transactional.id per partition (and topic prefix): whoever initialises it fences the previous owner."""
-    return f"{settings.prefix}ledger-p{partition}"
+    return f"{settings.prefix}{TRANSACTIONAL_ID_STEM}{partition}"
 
 
 class Engine:
@@ -170,6 +174,8 @@ class Engine:
         self._generation = 0
         self._topics = {name: settings.topic(name) for name in ("results", "history", "balances", "commands",
                                                                  "dlq", "changelog")}
+        # client id -> its own results topic, for the clients that have one (refresh_client_results).
+        self.client_results: dict[str, str] = {}
         self.restored_records = 0
         self.skipped_records = 0
         self.stats = BatchStats()
@@ -185,6 +191,19 @@ class Engine:
                                       self._topics["commands"], clients=self.clients)
             self.processors[partition] = proc
         return proc
+
+    def refresh_client_results(self, handle=None) -> None:
+        """Learn which clients have their own results topic (`ledger acl apply` makes them): from now on each
+        of their results is also written there, in the same transaction as the shared results topic, which
+        stays complete (verify, tail and auditors read it). Called at every restore and periodically
+        (streams/app.py), so a client registered while workers run is served within that period."""
+        from confluent_kafka.admin import AdminClient
+
+        stem = self.settings.client_results_topic("")
+        metadata = (handle or AdminClient(self.settings.kafka_config())).list_topics(timeout=30)
+        self.client_results = {name[len(stem):]: name for name, topic in metadata.topics.items()
+                               if name.startswith(stem) and topic.error is None
+                               and len(topic.partitions) == self.settings.partitions}
 
     def invalidate(self) -> None:
         """After a rebalance: every partition restores from its changelog before its next command."""
@@ -246,6 +265,7 @@ class Engine:
         })
         topic = self._topics["changelog"]
         try:
+            self.refresh_client_results(consumer)
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
             if start > high:
                 # Right after a broker restart a partition's high watermark can lag its log until the next
@@ -454,9 +474,13 @@ class Engine:
         topics = self._topics
         follow_ups: dict[int, list[Output]] = {}  # per partition: a run of commands with one timestamp
         run_bytes: dict[int, int] = {}
+        own_results = self.client_results
         for o in outputs:
             if o.topic != "commands":
                 produce(producer, topics[o.topic], o.value, o.key, partition=o.partition, timestamp=o.timestamp_ms)
+                if o.client_id is not None and o.client_id in own_results:  # the client's own copy
+                    produce(producer, own_results[o.client_id], o.value, o.key, partition=o.partition,
+                            timestamp=o.timestamp_ms)
                 continue
             run = follow_ups.setdefault(o.partition, [])
             size = run_bytes.get(o.partition, 0) + len(o.value)

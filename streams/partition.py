@@ -59,6 +59,9 @@ class Output:
     value: bytes
     partition: int
     timestamp_ms: int
+    # A result's client: the engine also copies the result to that client's own results topic when it has
+    # one (streams/engine.py, docs/security.md). None for every other output.
+    client_id: str | None = None
 
 
 # Answers to a record that is not the command's own: kept under their own key (see result_key).
@@ -718,7 +721,7 @@ class PartitionProcessor:
         self.changelog.append(encoded_change)
         at = wire_result["at_ms"]
         self._output(Output("results", result_key(client_id, command_id, wire_result["reason"]),
-                            encoded_result, self.partition, at))
+                            encoded_result, self.partition, at, client_id))
         currency = {a.id: a.currency for a in accounts}
         for entry in history:
             value = self._codec.encode("history", history_to_wire(entry, currency[entry.account_id], command_id,
@@ -736,7 +739,7 @@ class PartitionProcessor:
         self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
         key = result_key(wire_result["client_id"], wire_result["command_id"], wire_result["reason"])
         self._output(Output("results", key, self._codec.encode("result", wire_result), self.partition,
-                            wire_result["at_ms"]))
+                            wire_result["at_ms"], wire_result["client_id"]))
 
     def _reject(self, command_id: str, client_id: str, at_ms: int, reason: Rejection, detail: str) -> None:
         """A rejection decided before the core (unreadable fields, routing): answered, not remembered. It
