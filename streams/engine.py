@@ -266,17 +266,13 @@ class Engine:
         topic = self._topics["changelog"]
         try:
             self.refresh_client_results(consumer)
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-            if start > high:
-                # Right after a broker restart a partition's high watermark can lag its log until the next
-                # write to it. Write one (an aborted record, which no read_committed reader sees): the offset
-                # it lands at is the log's true end.
-                end = self._log_end(partition)
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-                log.info("partition %d: changelog high watermark was behind our store (%d); log end is %d",
-                         partition, start, end)
-            else:
-                end = high
+            # The changelog's true end. Right after a broker restart a partition's high watermark can lag its
+            # log (it is recovered from a periodic checkpoint and moves on only with the next write), and a
+            # restore that stopped there would miss committed transactions: their commands would be decided a
+            # second time. So write one record in a transaction that is then aborted: no read_committed reader
+            # ever sees it, the write moves the high watermark to the log's end, and its offset is that end.
+            end = self._log_end(partition)
+            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
             if start > end:
                 # The store claims changelog records the topic does not hold (the topic was recreated, or the
                 # store comes from elsewhere): its state cannot be trusted, and a commit would take our own
@@ -288,29 +284,29 @@ class Engine:
             records: list[bytes] = []
             covered = None
             position = start
-            if high > start:
-                consumer.assign([TopicPartition(topic, partition, max(start, low) if start else OFFSET_BEGINNING)])
-                # read_committed stops at the last stable offset; transaction markers take offsets but yield no
-                # record, so the end is known from the partition-EOF event, not from a record's offset. After
-                # _fence no transaction of ours is open; a fenced zombie's is aborted by then, and the broker
-                # aborts any other after TRANSACTION_TIMEOUT_MS: wait that long at most.
-                deadline = time.monotonic() + TRANSACTION_TIMEOUT_MS / 1000 + 30
-                while position < high:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"restoring partition {partition}: the changelog stays open at "
-                                           f"{position} below its end {high}")
-                    # A short timeout: librdkafka's consume() waits for the full count or the timeout.
-                    for msg in consumer.consume(10000, timeout=0.1):
-                        if msg.error():
-                            if msg.error().code() == KafkaError._PARTITION_EOF:
-                                position = max(position, msg.offset())
-                                continue
-                            raise RuntimeError(f"restoring partition {partition}: {msg.error()}")
-                        if msg.key() == COVERED_MARK:
-                            covered = int(msg.value())
-                        else:
-                            records.append(msg.value())
-                        position = max(position, msg.offset() + 1)
+            consumer.assign([TopicPartition(topic, partition, max(start, low) if start else OFFSET_BEGINNING)])
+            # read_committed stops at the last stable offset; transaction markers take offsets but yield no
+            # record, so progress is known from the partition-EOF event, not from a record's offset. Reading
+            # is done once past our aborted record: every transaction before it is decided by then. After
+            # _fence no transaction of ours is open; a fenced zombie's is aborted by then, and the broker
+            # aborts any other after TRANSACTION_TIMEOUT_MS: wait that long at most.
+            deadline = time.monotonic() + TRANSACTION_TIMEOUT_MS / 1000 + 30
+            while position <= end:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"restoring partition {partition}: the changelog stays open at "
+                                       f"{position}, below its end {end}")
+                # A short timeout: librdkafka's consume() waits for the full count or the timeout.
+                for msg in consumer.consume(10000, timeout=0.1):
+                    if msg.error():
+                        if msg.error().code() == KafkaError._PARTITION_EOF:
+                            position = max(position, msg.offset())
+                            continue
+                        raise RuntimeError(f"restoring partition {partition}: {msg.error()}")
+                    if msg.key() == COVERED_MARK:
+                        covered = int(msg.value())
+                    else:
+                        records.append(msg.value())
+                    position = max(position, msg.offset() + 1)
             if records:
                 crash_point("during_restore", f"partition {partition}, {len(records)} changelog records read")
             meta = {} if covered is None else {COVERED_KEY: str(covered).encode()}
