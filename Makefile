@@ -64,8 +64,10 @@ bench-client: install
 bench-read: install
 	scripts/with-broker.sh scripts/with-postgres.sh $(BIN)/python benchmarks/replay_bench.py
 
+# No broker: the pure core alone, then the worker's whole batch path (decode to RocksDB) by phase.
 bench-core: $(STAMP)
-	$(BIN)/python benchmarks/core_bench.py
+	$(BIN)/python benchmarks/core_bench.py --n 60000
+	$(BIN)/python benchmarks/engine_core_bench.py
 
 soak: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/kill_soak.py

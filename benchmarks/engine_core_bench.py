@@ -1,0 +1,312 @@
+"""In-process benchmark of the worker's batch path, without Kafka (`make bench-core`). Prints figures only.
+
+The real Engine and PartitionProcessors, with a real RocksDB per partition (rocksdict, in a temporary
+directory), are fed pre-encoded CommandBatch records the way the asyncio client sends them (the workload of
+`make bench-client`: two-leg transfers among 1,000 users over 8 partitions, so most transfers cross
+partitions and cost a debit here plus a credit there). Instead of Kafka, each partition's transactional
+producer is a null producer that keeps the records in memory and numbers them like a log; the follow-up
+commands a batch writes (the cross-partition credits, sealed) are fed back as records of the next batch,
+as the commands topic would deliver them. What librdkafka itself costs per record (its produce call,
+compression, the network) is therefore not counted: that is the Kafka part, measured by `make bench`.
+
+Printed: µs of worker CPU per decided command (a client transfer's debit and its credit are two decided
+commands), split by phase:
+
+    decode   Codec.decode (command batches, commands, inbox entries read back)
+    read     reads of the partition's RocksDB (PartitionState._get)
+    decide   everything else on the deciding side: the core's rules, routing, wire conversions, bookkeeping
+    encode   Codec.encode (results, history, balances, redo records, follow-up commands)
+    stage    PartitionState.stage (staging one decided command's writes)
+    seal     the engine's seal on follow-up records (HMAC) and its check on sealed records
+    emit     Engine._send and the changelog produce loop, without the encodings and seals above
+    store    PartitionState.commit: the batch's one RocksDB WriteBatch
+
+Phase times come from a second run with timers around those functions (exclusive times: a nested timed
+call counts in its own phase only); the total is from the first run, without timers.
+
+Run: .venv/bin/python benchmarks/engine_core_bench.py [--transfers 20000] [--per-record 500] [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import logging
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+os.environ.setdefault("LEDGER_ENGINE_KEY", "engine-core-bench key")  # no development-key warning
+
+from schemas.codec import Codec, codec  # noqa: E402
+from streams import partition as partition_module  # noqa: E402
+from streams import routing  # noqa: E402
+from streams.config import Settings  # noqa: E402
+from streams.engine import CommandRecord, Engine  # noqa: E402
+from streams.seal import Seal  # noqa: E402
+
+PARTITIONS = 8
+CURRENCY = "USD"
+
+
+class _Delivered:
+    """What a delivery callback reads from a message: its offset."""
+    __slots__ = ("_offset",)
+
+    def __init__(self, offset: int):
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class NullLog:
+    """The topics as logs in memory: offsets per (topic, partition), and the follow-up commands written."""
+
+    def __init__(self, commands_topic: str):
+        self.commands_topic = commands_topic
+        self.ends: Counter = Counter()
+        self.follow_ups: list[CommandRecord] = []
+        self.records: Counter = Counter()  # records written per topic
+
+    def append(self, topic: str, partition: int) -> int:
+        offset = self.ends[(topic, partition)]
+        self.ends[(topic, partition)] = offset + 1
+        self.records[topic] += 1
+        return offset
+
+
+class NullProducer:
+    """A transactional producer that writes into a NullLog (what the engine calls, and nothing else)."""
+
+    def __init__(self, log: NullLog):
+        self.log = log
+        self._callbacks: list = []
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def produce(self, topic, value=None, key=None, partition=-1, on_delivery=None, timestamp=0, headers=None):
+        offset = self.log.append(topic, partition)
+        if topic == self.log.commands_topic:
+            self.log.follow_ups.append(CommandRecord(partition, offset, timestamp, key, value, headers))
+        if on_delivery is not None:
+            self._callbacks.append((on_delivery, _Delivered(offset)))
+
+    def poll(self, timeout=0) -> int:
+        return 0
+
+    def flush(self, timeout=None) -> int:
+        callbacks, self._callbacks = self._callbacks, []
+        for callback, msg in callbacks:
+            callback(None, msg)
+        return 0
+
+    def commit_transaction(self, timeout=None) -> None:
+        pass
+
+    def abort_transaction(self, timeout=None) -> None:
+        pass
+
+
+class Phases:
+    """Exclusive wall time per phase, from timers wrapped around functions (installed on demand)."""
+
+    def __init__(self) -> None:
+        self.seconds: Counter = Counter()
+        self._stack: list[list[float]] = []  # per open timed call: [start, time spent in nested timed calls]
+        self._undo: list = []
+
+    def wrap(self, owner, name: str, phase: str) -> None:
+        original = getattr(owner, name)
+        stack, seconds, clock = self._stack, self.seconds, time.process_time
+
+        def timed(*args, **kwargs):
+            frame = [clock(), 0.0]
+            stack.append(frame)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                stack.pop()
+                spent = clock() - frame[0]
+                seconds[phase] += spent - frame[1]
+                if stack:
+                    stack[-1][1] += spent
+
+        setattr(owner, name, timed)
+        self._undo.append((owner, name, original))
+
+    def install(self) -> None:
+        self.wrap(Codec, "decode", "decode")
+        self.wrap(Codec, "encode", "encode")
+        self.wrap(partition_module.PartitionState, "_get", "read")
+        self.wrap(partition_module.PartitionState, "stage", "stage")
+        self.wrap(partition_module.PartitionState, "commit", "store")
+        self.wrap(Seal, "headers", "seal")
+        self.wrap(Seal, "verify", "seal")
+        self.wrap(Engine, "_send", "emit")
+        self.wrap(Engine, "_commit_transaction", "emit")
+
+    def uninstall(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo = []
+
+
+class Bench:
+    """One engine over 8 RocksDB partitions in a temporary directory, and a client's encoded commands."""
+
+    def __init__(self, users: int, per_record: int):
+        self.settings = Settings(bootstrap="127.0.0.1:1", prefix="corebench.", partitions=PARTITIONS)
+        self.dir = Path(tempfile.mkdtemp(prefix="engine-core-bench-"))
+        self.engine = Engine(self.settings, self.dir)
+        self.log = NullLog(self.settings.topic("commands"))
+        for p in range(PARTITIONS):  # step 1 done: every partition is fenced, restored and empty
+            self.engine.producers[p] = NullProducer(self.log)
+            self.engine._expected[p] = 0
+            self.engine.covered[p] = 0
+        self.codec = codec()
+        self.users = users
+        self.per_record = per_record
+        self.now_ms = 1_700_000_000_000
+        self.pending: dict[int, list[bytes]] = defaultdict(list)
+
+    def send(self, record: dict, routing_account: str) -> None:
+        """What the client does: placement, encoding, one CommandBatch item per partition."""
+        record, partitions = routing.placements(record, routing_account, PARTITIONS)
+        encoded = self.codec.encode("command", record)
+        for p in partitions:
+            self.pending[p].append(encoded)
+
+    def records(self) -> list[CommandRecord]:
+        """The pending commands as CommandBatch records (at most per_record each), numbered by the log."""
+        self.now_ms += 5
+        out = []
+        topic = self.settings.topic("commands")
+        for p in sorted(self.pending):
+            items = self.pending[p]
+            for i in range(0, len(items), self.per_record):
+                chunk = items[i:i + self.per_record]
+                value = chunk[0] if len(chunk) == 1 else self.codec.encode("command_batch", {"commands": chunk})
+                out.append(CommandRecord(p, self.log.append(topic, p), self.now_ms, b"bench", value))
+        self.pending.clear()
+        return out
+
+    def run(self, records: list[CommandRecord]) -> None:
+        """One engine batch: the records plus the follow-ups written by the previous batch, in log order."""
+        follow_ups, self.log.follow_ups = self.log.follow_ups, []
+        batch = sorted(follow_ups + records, key=lambda r: (r.partition, r.offset))
+        asyncio.run(self.engine.process(batch))
+
+    def drain(self) -> None:
+        while self.log.follow_ups:
+            self.run([])
+
+    def setup(self) -> None:
+        for i in range(self.users):
+            account = f"user:c{i}:{CURRENCY}"
+            self.send({"command_id": f"open:{account}", "client_id": "bench", "body": ("ledger.OpenAccount", {
+                "account_id": account, "currency": CURRENCY, "allow_negative": False, "overdraft_limit": "0",
+                "max_balance": None, "routing_key": None})}, account)
+        self.run(self.records())
+        for i in range(self.users):
+            account = f"user:c{i}:{CURRENCY}"
+            self.send(_transfer(f"fund-{i}", f"sys:world:{CURRENCY}", account, 10**9), account)
+        self.run(self.records())
+        self.drain()
+
+    def transfers(self, start: int, count: int, in_flight: int) -> None:
+        """count transfers, in_flight of them per engine batch (as a client with that many in flight)."""
+        for first in range(start, start + count, in_flight):
+            for n in range(first, min(first + in_flight, start + count)):
+                debtor = f"user:c{n % self.users}:{CURRENCY}"
+                self.send(_transfer(f"t-{n}", debtor, f"user:c{(n * 7 + 1) % self.users}:{CURRENCY}", 1), debtor)
+            self.run(self.records())
+        self.drain()
+
+    def close(self) -> None:
+        self.engine.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _transfer(transaction_id: str, debtor: str, creditor: str, amount: int) -> dict:
+    return {"command_id": transaction_id, "client_id": "bench", "body": ("ledger.PostTransaction", {
+        "transaction_id": transaction_id,
+        "legs": [{"account_id": debtor, "amount": str(-amount), "hold_id": None, "currency": None},
+                 {"account_id": creditor, "amount": str(amount), "hold_id": None, "currency": None}],
+        "kind": "transfer", "reference": None, "links": [], "metadata": {}, "occurred_at_ms": None,
+        "rate_snapshot_id": None})}
+
+
+def measure(bench: Bench, start: int, count: int, in_flight: int) -> tuple[float, int, dict[str, int]]:
+    """(seconds, decided commands, records written per topic) for count transfers."""
+    results_before = bench.log.records["corebench.results"]
+    written_before = Counter(bench.log.records)
+    gc.collect()
+    began = time.process_time()
+    bench.transfers(start, count, in_flight)
+    elapsed = time.process_time() - began
+    written = Counter(bench.log.records)
+    written.subtract(written_before)
+    return elapsed, bench.log.records["corebench.results"] - results_before, dict(written)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--transfers", type=int, default=20_000, help="client transfers per measured run")
+    parser.add_argument("--in-flight", type=int, default=5_000, help="transfers per engine batch")
+    parser.add_argument("--per-record", type=int, default=500, help="commands per CommandBatch record")
+    parser.add_argument("--users", type=int, default=1_000)
+    parser.add_argument("--profile", action="store_true", help="cProfile one run and print the top functions")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    bench = Bench(args.users, args.per_record)
+    try:
+        bench.setup()
+        if args.profile:
+            profiler = cProfile.Profile()
+            profiler.runcall(bench.transfers, 0, args.transfers, args.in_flight)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+            return
+        # A warm-up run (caches, RocksDB memtables), then the timed run and the run with phase timers.
+        bench.transfers(0, min(args.transfers, 5_000), args.in_flight)
+        elapsed, decided, written = measure(bench, 10**6, args.transfers, args.in_flight)
+        phases = Phases()
+        phases.install()
+        try:
+            timed_elapsed, timed_decided, _ = measure(bench, 2 * 10**6, args.transfers, args.in_flight)
+        finally:
+            phases.uninstall()
+    finally:
+        bench.close()
+    per = elapsed / decided * 1e6
+    print(f"python {sys.version.split()[0]}, one process, RocksDB in a temporary directory, no Kafka; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"{args.transfers:,} client transfers among {args.users:,} users, {PARTITIONS} partitions, "
+          f"{args.in_flight:,} per engine batch, {args.per_record} per CommandBatch record")
+    print(f"decided commands: {decided:,} ({decided / args.transfers:.2f} per transfer: debits, credits)")
+    print(f"worker CPU per decided command: {per:6.1f} µs  ({decided / elapsed:,.0f} decided commands/s, "
+          f"{args.transfers / elapsed:,.0f} transfers/s)")
+    print("records written per decided command: " + ", ".join(
+        f"{topic.split('.', 1)[1]} {n / decided:.2f}" for topic, n in sorted(written.items())))
+    total = timed_elapsed / timed_decided * 1e6
+    accounted = sum(phases.seconds.values()) / timed_decided * 1e6
+    print(f"by phase (a second run with timers: {total:.1f} µs per command; timers add their own cost):")
+    rows = dict(phases.seconds)
+    order = ["decode", "read", "decide", "encode", "stage", "seal", "emit", "store"]
+    rows["decide"] = 0.0
+    for phase in order:
+        us = (total - accounted) if phase == "decide" else rows.get(phase, 0.0) / timed_decided * 1e6
+        print(f"  {phase:7s} {us:6.1f} µs  {us / total:5.1%}")
+
+
+if __name__ == "__main__":
+    main()
