@@ -420,6 +420,21 @@ def release(hold_id: str, account: str, client_id: str = CLIENT_ID, as_json: boo
 
 
 @app.command()
+def reverse(
+    transaction_id: str = typer.Argument(..., help="The transaction to undo (posted by this client)."),
+    account: str = typer.Option(..., "--account", help="The account the original was routed by: its debited "
+                                                       "customer account, or the credited one of a deposit."),
+    reversal_id: Optional[str] = typer.Option(None, "--id", help="The reversing transaction's id "
+                                                                 "(default reversal:TXID)."),
+    client_id: str = CLIENT_ID,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Reverse a transaction: `ledger reverse dep-1 --account user:1:USD` posts its legs mirrored, once."""
+    _send_one({"type": "reverse", "transaction": transaction_id, "account": account,
+               **({"id": reversal_id} if reversal_id else {})}, client_id, as_json)
+
+
+@app.command()
 def tail(
     as_json: bool = typer.Option(False, "--json", help="Print each result as JSON."),
     from_start: bool = typer.Option(False, "--from-start", help="Start at the beginning of the results topic."),

@@ -265,6 +265,17 @@ class LedgerClient:
     def release_hold(self, hold_id: str, account_id: str, *, command_id: str | None = None) -> str:
         return self.send(command_id or f"release:{hold_id}", "ReleaseHold", {"hold_id": hold_id}, account_id)
 
+    def reverse(self, transaction_id: str, reverses: str, account_id: str, *, reference: str | None = None,
+                occurred_at_ms: int | None = None, command_id: str | None = None) -> str:
+        """Undo transaction `reverses` (posted by this client) with a new transaction `transaction_id` that
+        mirrors its legs. account_id: the account the original was routed by (its debited customer account,
+        or the credited one of a deposit), so the reversal is decided where the original was."""
+        _require_id(reverses, "reverses")
+        _require_id(account_id, "account_id")
+        body = {"transaction_id": transaction_id, "reverses": reverses, "account_id": account_id,
+                "reference": reference, "occurred_at_ms": occurred_at_ms}
+        return self.send(command_id or transaction_id, "ReverseTransaction", body, account_id)
+
     def account_command(self, name: str, account_id: str, *, command_id: str | None = None) -> str:
         """FreezeAccount, UnfreezeAccount or CloseAccount."""
         return self.send(command_id or f"{name}:{account_id}", name, {"account_id": account_id}, account_id)

@@ -8,6 +8,7 @@
                                              {"account": "sys:merchant:USD", "amount": "2.00"}]}
     {"type": "release", "hold": "order-7", "account": "user:1:USD"}
     {"type": "freeze" | "unfreeze" | "close", "account": "user:1:USD"}
+    {"type": "reverse", "id": "rev-1", "transaction": "dep-1", "account": "user:1:USD"}
 
 Amounts are in major units with at most the currency's scale ("10.00" USD, "0.5" BTC), converted exactly;
 more digits than the scale is an error, never a rounding. A leg's currency is its "currency" field or the
@@ -125,12 +126,18 @@ def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CU
         hold_id, account = _text(obj, "hold"), _text(obj, "account")
         release_id = command_id or derived_id("release", hold_id, number, text)
         return Parsed(number, lambda c: c.release_hold(hold_id, account, command_id=release_id))
+    if kind == "reverse":
+        reverses, account = _text(obj, "transaction"), _text(obj, "account")
+        reversal_id = command_id or f"reversal:{reverses}"
+        reference = _optional_text(obj, "reference")
+        return Parsed(number, lambda c: c.reverse(reversal_id, reverses, account, reference=reference))
     names = {"freeze": "FreezeAccount", "unfreeze": "UnfreezeAccount", "close": "CloseAccount"}
     if kind in names:
         account = _text(obj, "account")
         control_id = command_id or derived_id(kind, account, number, text)
         return Parsed(number, lambda c: c.account_command(names[kind], account, command_id=control_id))
-    raise LineError(f"unknown type {kind!r}; expected one of open, post, hold, release, freeze, unfreeze, close")
+    raise LineError(f"unknown type {kind!r}; expected one of open, post, hold, release, freeze, unfreeze, close, "
+                    f"reverse")
 
 
 def parse_file(lines: list[str]) -> tuple[list[Parsed], list[tuple[int, str]]]:

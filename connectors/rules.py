@@ -260,8 +260,22 @@ class InternalTransfer:
     attempt: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class ReversalRequested:
+    """Undo a transaction the same client posted (a deposit credited by mistake, a transfer sent twice).
+    `user` and `currency` name the account the original was routed by: the debited user's account, or the
+    credited one of a deposit."""
+
+    reversal_id: str
+    transaction_id: str  # the transaction to undo, e.g. "deposit_confirmed:chain-tx-9"
+    user: str
+    currency: str
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
 Event = (DepositConfirmed | WithdrawalRequested | WithdrawalCompleted | WithdrawalFailed | OrderPlaced
-         | OrderClosed | TradeExecuted | FxConverted | InternalTransfer)
+         | OrderClosed | TradeExecuted | FxConverted | InternalTransfer | ReversalRequested)
 
 
 # --- account names ----------------------------------------------------------------------------------------
@@ -671,6 +685,21 @@ def _transfer(e: InternalTransfer, ctx: Context, spec: RuleSpec) -> tuple[Routed
                                     _leg(user_account(dst, cur.code), amount, cur.code)],
                          kind="transfer", reference=tid, metadata=spec.meta(e.attempt, transfer_id=tid),
                          occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms")),)
+
+
+@rule("reversal_requested", 1, ReversalRequested)
+def _reversal(e: ReversalRequested, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """A ReverseTransaction: the ledger mirrors the original's legs once, if this client posted it. Like a
+    hold command it has no metadata field: the rule is visible in its id (``reversal_requested:<id>``)."""
+    rid = _business_id(e.reversal_id, "reversal_id")
+    original = _business_id(e.transaction_id, "transaction_id")
+    user = _user(e.user, "user")
+    cur = _currency(e.currency, ctx, "currency")
+    cid = _command_id(spec.name, rid, _attempt(e.attempt))
+    body = {"transaction_id": cid, "reverses": original, "account_id": user_account(user, cur.code),
+            "reference": rid, "occurred_at_ms": _time(e.occurred_at_ms, "occurred_at_ms")}
+    return (Routed(body["account_id"], {"command_id": cid, "client_id": ctx.client_id,
+                                        "body": ("ledger.ReverseTransaction", body)}),)
 
 
 RULE_VERSIONS: dict[str, int] = {spec.name: spec.version for spec in RULES.values()}

@@ -365,11 +365,14 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
     per_command = Counter((e.value["client_id"], e.value["command_id"]) for e in entries.values())
     spanning = {r.value["command_id"].rsplit("~", 1)[0] for r in results
                 if r.value["client_id"] == ENGINE_CLIENT and r.value["command_id"].endswith("~begin")}
+    # A reversal posts one leg per leg of the transaction it mirrors (decided in one partition).
+    per_transaction = Counter(e.value["transaction_id"] for e in entries.values() if e.value["transaction_id"])
     for key, cmds in sent.items():
         if key not in accepted or key[0] == ENGINE_CLIENT:
             continue
         kind, body = _body(cmds[0])
-        expected = len(body["legs"]) if kind == "PostTransaction" else 1
+        expected = len(body["legs"]) if kind == "PostTransaction" else \
+            per_transaction[body["reverses"]] if kind == "ReverseTransaction" else 1
         if f"{key[0]}/{key[1]}" in spanning:
             credits = [leg for leg in body["legs"] if not leg["amount"].startswith("-")]
             expected = len(credits) + len({leg["currency"] or leg["account_id"].rsplit(":", 1)[-1] for leg in credits})

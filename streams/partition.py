@@ -24,7 +24,7 @@ from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rej
 from streams.seal import DEVELOPMENT, Headers, Seal
 from streams.authn import Clients
 from streams.core.policy import judge as judge_policy
-from streams.spanning import SPANNING_KINDS, Spanning
+from streams.spanning import CLEARING_PREFIX, SPANNING_KINDS, Spanning
 from streams.store import KeyValueStore
 from streams.wire import (
     WireError,
@@ -38,6 +38,8 @@ from streams.wire import (
     hold_to_record,
     rejection_to_wire,
     result_to_wire,
+    transaction_from_record,
+    transaction_to_record,
 )
 
 # Metadata of a cross-partition credit: where the money goes back if the credit cannot apply.
@@ -109,6 +111,7 @@ class PartitionState:
         # Decoded records (committed or staged). Dropped whole with the staged writes on discard().
         self._accounts: dict[str, Account | None] = {}
         self._holds: dict[str, Hold | None] = {}
+        self._transactions: dict[str, core.PostedTransaction | None] = {}
         # (expires_at_ms, hold_id) of open holds with an expiry; stale entries are skipped when popped.
         self.expiries: list[tuple[int, str]] = []
         self._load_expiries()
@@ -162,6 +165,7 @@ class PartitionState:
         self._journal = []
         self._accounts.clear()  # caches: reloaded from the staged writes and the store
         self._holds.clear()
+        self._transactions.clear()
         self._not_in_inbox = None
         # The expiry index as committed and staged now (entries the command popped or pushed are restored).
         self._load_expiries()
@@ -193,6 +197,15 @@ class PartitionState:
             raw = self._get(b"h/" + hold_id.encode())
             value = None if raw is None else hold_from_record(json.loads(raw))
             self._holds[hold_id] = value
+            return value
+
+    def transaction(self, transaction_id: str) -> core.PostedTransaction | None:
+        try:
+            return self._transactions[transaction_id]
+        except KeyError:
+            raw = self._get(b"t/" + transaction_id.encode())
+            value = None if raw is None else transaction_from_record(json.loads(raw))
+            self._transactions[transaction_id] = value
             return value
 
     def processed(self, key: tuple[str, str]) -> Processed | None:
@@ -242,6 +255,12 @@ class PartitionState:
                 else:
                     puts.pop(key, None)
                     self._deletes.add(key)
+        for record in change.get("transactions", ()):
+            key = b"t/" + record["transaction_id"].encode()
+            self._transactions.pop(record["transaction_id"], None)  # decoded again when read
+            touch(key)
+            puts[key] = record
+            self._deletes.discard(key)
         for record in change.get("records", ()):
             key = b"e/" + record["key"].encode()
             touch(key)
@@ -283,6 +302,7 @@ class PartitionState:
         self._journal = []
         self._accounts.clear()
         self._holds.clear()
+        self._transactions.clear()
         self._not_in_inbox = None
         self._load_expiries()
 
@@ -553,6 +573,13 @@ class PartitionProcessor:
         if isinstance(command, core.PostTransaction):
             self._transaction(command, offset)
             return
+        if isinstance(command, core.ReverseTransaction) and self._home(command.account_id) in (None, self.partition):
+            original = self.state.transaction(command.reverses)
+            if original is not None and any(leg.account_id.startswith(CLEARING_PREFIX) for leg in original.legs):
+                self._reject_command(command, Rejection.NOT_REVERSIBLE,
+                                     f"transaction {command.reverses} moved money through clearing to or from "
+                                     f"another partition: post a compensating transaction instead")
+                return
         account_id = getattr(command, "account_id", None)
         if account_id is not None:
             home = self._home(account_id)
@@ -689,11 +716,13 @@ class PartitionProcessor:
         holds = list(changes.holds.values())
         wire_result = result_to_wire(result, command.at_ms, transaction_id, holds)
         self.commit_change(command.client_id, command.command_id, fingerprint, offset, wire_result,
-                           list(changes.accounts.values()), holds, changes.history)
+                           list(changes.accounts.values()), holds, changes.history,
+                           transactions=list(changes.transactions.values()))
 
     def commit_change(self, client_id: str, command_id: str, fingerprint: str, offset: int,
                       wire_result: dict[str, Any], accounts: list[Account] = (), holds: list[Hold] = (),
-                      history: tuple = (), records: list[tuple[str, Any]] = ()) -> None:
+                      history: tuple = (), records: list[tuple[str, Any]] = (),
+                      transactions: list[core.PostedTransaction] = ()) -> None:
         """Stage one decided command (its StateChange) and queue its outputs: the result, one history entry
         per change, the new balance of each changed account. records: engine records (key, JSON value or
         None to delete) written in the same StateChange."""
@@ -712,6 +741,7 @@ class PartitionProcessor:
             "holds": [hold_to_record(h) for h in holds],
             "result": encoded_result,
             "records": [{"key": k, "value": None if v is None else _dumps(v)} for k, v in records],
+            "transactions": [transaction_to_record(t) for t in transactions],
         }
         encoded_change = self._codec.encode("state", change)
         if len(encoded_change) > limits.OUTPUT_RECORD_BYTES:

@@ -18,6 +18,7 @@ from streams.core import (
     Hold,
     HoldStatus,
     Leg,
+    PostedTransaction,
     Rejection,
     Result,
 )
@@ -90,6 +91,8 @@ def command_from_wire(record: dict[str, Any], at_ms: int) -> core.Command:
             **common, hold_id=body["hold_id"], account_id=body["account_id"],
             amount=parse_minor(body["amount"], "amount"), expires_at_ms=body["expires_at_ms"],
         )
+    if kind == "ReverseTransaction":
+        return core.ReverseTransaction(**common, **body)
     simple = {
         "FreezeAccount": core.FreezeAccount,
         "UnfreezeAccount": core.UnfreezeAccount,
@@ -133,6 +136,10 @@ def command_to_wire(command: core.Command) -> dict[str, Any]:
         }
     elif isinstance(command, (core.ReleaseHold, core.ExpireHold)):
         body = {"hold_id": command.hold_id}
+    elif isinstance(command, core.ReverseTransaction):
+        body = {"transaction_id": command.transaction_id, "reverses": command.reverses,
+                "account_id": command.account_id, "reference": command.reference,
+                "occurred_at_ms": command.occurred_at_ms}
     else:
         body = {"account_id": command.account_id}
     return {"command_id": command.command_id, "client_id": command.client_id, "body": (f"ledger.{kind}", body)}
@@ -174,6 +181,23 @@ def hold_from_record(r: dict[str, Any]) -> Hold:
     return Hold(
         r["hold_id"], r["account_id"], int(r["amount"]), int(r["captured"]), int(r["released"]),
         HoldStatus(r["status"]), r["expires_at_ms"], tuple(r["capture_transaction_ids"]),
+    )
+
+
+def transaction_to_record(t: PostedTransaction) -> dict[str, Any]:
+    return {
+        "transaction_id": t.transaction_id, "client_id": t.client_id,
+        "legs": [{"account_id": leg.account_id, "amount": str(leg.amount), "hold_id": leg.hold_id} for leg in t.legs],
+        "kind": t.kind, "reference": t.reference, "rate_snapshot_id": t.rate_snapshot_id,
+        "reversed_by": t.reversed_by,
+    }
+
+
+def transaction_from_record(r: dict[str, Any]) -> PostedTransaction:
+    return PostedTransaction(
+        r["transaction_id"], r["client_id"],
+        tuple(Leg(leg["account_id"], int(leg["amount"]), leg["hold_id"]) for leg in r["legs"]),
+        r["kind"], r["reference"], r["rate_snapshot_id"], r["reversed_by"],
     )
 
 

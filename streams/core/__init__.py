@@ -13,6 +13,7 @@ from streams.core.commands import (
     PlaceHold,
     PostTransaction,
     ReleaseHold,
+    ReverseTransaction,
     UnfreezeAccount,
     accounts_touched,
     reversal_of,
@@ -26,6 +27,7 @@ from streams.core.events import (
     HoldPlaced,
     HoldReleased,
     TransactionPosted,
+    TransactionReversed,
 )
 from streams.core.invariants import assert_changes_balanced, check_account, check_hold
 from streams.core.model import (
@@ -38,6 +40,7 @@ from streams.core.model import (
     Hold,
     HoldStatus,
     Leg,
+    PostedTransaction,
     routing_key_for,
 )
 from streams.core.money import (
@@ -58,8 +61,9 @@ __all__ = [
     "Changes", "CloseAccount", "Command", "Currency", "CurrencyRegistry", "DEFAULT_CURRENCIES",
     "DEFAULT_POLICY", "Event", "ExpireHold", "FreezeAccount", "HistoryEntry", "Hold", "HoldExpired",
     "HoldPlaced", "HoldReleased", "HoldStatus", "InboxKey", "Leg", "MAX_ABS_AMOUNT", "MAX_LEGS",
-    "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "Processed", "Rejection", "ReleaseHold",
-    "Result", "SYSTEM_POLICY", "StateReader", "TransactionPosted", "UnfreezeAccount", "accounts_touched",
+    "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "PostedTransaction", "Processed", "Rejection",
+    "ReleaseHold", "ReverseTransaction", "Result", "SYSTEM_POLICY", "StateReader", "TransactionPosted",
+    "TransactionReversed", "UnfreezeAccount", "accounts_touched",
     "apply", "assert_changes_balanced", "balance_as_of_seq", "balance_as_of_time", "check_account",
     "check_hold", "decide", "execute", "format_amount", "no_changes", "parse_amount", "reversal_of",
     "routing_key_for",

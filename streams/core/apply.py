@@ -17,8 +17,9 @@ from streams.core.events import (
     HoldPlaced,
     HoldReleased,
     TransactionPosted,
+    TransactionReversed,
 )
-from streams.core.model import Account, AccountStatus, HistoryEntry, Hold, HoldStatus
+from streams.core.model import Account, AccountStatus, HistoryEntry, Hold, HoldStatus, PostedTransaction
 from streams.core.state import Changes, StateReader
 
 # History kinds of the non-posting changes (transaction legs carry the transaction's own kind).
@@ -36,13 +37,14 @@ KIND_HOLD_EXPIRED = "hold_expired"
 class _Overlay:
     """The records as they stand part-way through one decision: changed ones first, then the state."""
 
-    __slots__ = ("state", "accounts", "holds", "history")
+    __slots__ = ("state", "accounts", "holds", "history", "transactions")
 
     def __init__(self, state: StateReader) -> None:
         self.state = state
         self.accounts: dict[str, Account] = {}
         self.holds: dict[str, Hold] = {}
         self.history: list[HistoryEntry] = []
+        self.transactions: dict[str, PostedTransaction] = {}
 
     def account(self, account_id: str) -> Account:
         account = self.accounts.get(account_id)
@@ -123,6 +125,20 @@ def _apply_posted(o: _Overlay, e: TransactionPosted) -> None:
             HistoryEntry(account.id, seq, amount, posted, held, tx, e.kind, e.reference, e.occurred_at_ms,
                          at_ms, hold_id)
         )
+    _record_posted(o, e)
+
+
+def _record_posted(o: _Overlay, e: TransactionPosted) -> None:
+    o.transactions[e.transaction_id] = PostedTransaction(
+        e.transaction_id, e.client_id, e.legs, e.kind, e.reference, e.rate_snapshot_id, None)
+
+
+def _apply_reversed(o: _Overlay, e: TransactionReversed) -> None:
+    original = o.transactions.get(e.transaction_id) or o.state.transaction(e.transaction_id)
+    assert original is not None and original.reversed_by is None, f"reversal of {e.transaction_id} twice"
+    o.transactions[e.transaction_id] = PostedTransaction(
+        original.transaction_id, original.client_id, original.legs, original.kind, original.reference,
+        original.rate_snapshot_id, e.reversed_by)
 
 
 def _apply_placed(o: _Overlay, e: HoldPlaced) -> None:
@@ -156,6 +172,7 @@ _APPLIERS = {
     AccountOpened: _apply_opened,
     AccountStatusChanged: _apply_status,
     TransactionPosted: _apply_posted,
+    TransactionReversed: _apply_reversed,
     HoldPlaced: _apply_placed,
     HoldReleased: _apply_released,
     HoldExpired: _apply_expired,
@@ -167,4 +184,4 @@ def apply(state: StateReader, events: Iterable[Event]) -> Changes:
     overlay = _Overlay(state)
     for event in events:
         _APPLIERS[type(event)](overlay, event)  # KeyError here = not an event: a programmer error
-    return Changes(overlay.accounts, overlay.holds, tuple(overlay.history), None)
+    return Changes(overlay.accounts, overlay.holds, tuple(overlay.history), None, overlay.transactions)

@@ -262,9 +262,39 @@ class ExpireHold(_CommandBase):
         return ("ExpireHold", self.client_id, self.command_id, self.hold_id)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReverseTransaction(_CommandBase):
+    """Undo a transaction this client posted, by a new transaction with its legs mirrored (entries are never
+    edited). Decided where the original was: it is routed by account_id, the account the original was routed
+    by (its debited customer account, or the credited one of a deposit). Refused unknown_transaction,
+    client_mismatch or already_reversed; the mirrored legs are then judged like any transaction (a spent
+    deposit cannot be reversed: insufficient_funds)."""
+
+    command_id: str  # unique per client
+    client_id: str  # must be the client that posted the original
+    at_ms: int  # log time, ms since epoch
+    transaction_id: str  # the reversing transaction's id
+    reverses: str  # the transaction to undo
+    account_id: str  # routes the command to the original's partition (the account the original was sent for)
+    reference: str | None = None  # external reference; None keeps the original's
+    occurred_at_ms: int | None = None  # business time of the reversal; None means at_ms
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.transaction_id, "transaction_id")
+        require_str(self.reverses, "reverses")
+        require_str(self.account_id, "account_id")
+        require_optional_str(self.reference, "reference")
+        require_optional_int(self.occurred_at_ms, "occurred_at_ms")
+
+    def _payload(self) -> tuple:
+        return ("ReverseTransaction", self.client_id, self.command_id, self.transaction_id, self.reverses,
+                self.account_id, self.reference, self.occurred_at_ms)
+
+
 Command = Union[
     OpenAccount, FreezeAccount, UnfreezeAccount, CloseAccount, PostTransaction, PlaceHold, ReleaseHold,
-    ExpireHold,
+    ExpireHold, ReverseTransaction,
 ]
 
 
@@ -275,7 +305,8 @@ def accounts_touched(command: Command) -> tuple[str, ...]:
     """
     if isinstance(command, PostTransaction):
         return tuple(dict.fromkeys(leg.account_id for leg in command.legs))
-    if isinstance(command, (OpenAccount, FreezeAccount, UnfreezeAccount, CloseAccount, PlaceHold)):
+    if isinstance(command, (OpenAccount, FreezeAccount, UnfreezeAccount, CloseAccount, PlaceHold,
+                            ReverseTransaction)):
         return (command.account_id,)
     if isinstance(command, (ReleaseHold, ExpireHold)):
         return ()
@@ -290,8 +321,10 @@ def reversal_of(
     client_id: str,
     at_ms: int,
     reference: str | None = None,
+    occurred_at_ms: int | None = None,
 ) -> PostTransaction:
-    """A new transaction that mirrors original (a PostTransaction or a TransactionPosted) and links to it.
+    """A new transaction that mirrors original (a PostTransaction, a TransactionPosted or a PostedTransaction)
+    and links to it.
 
     Entries are never edited: a correction is this reversing transaction. Captures are mirrored as plain legs
     (the money goes back to available, not into the ended hold).
@@ -307,6 +340,6 @@ def reversal_of(
         reference=reference if reference is not None else original.reference,  # type: ignore
         links=(original.transaction_id,),  # type: ignore[attr-defined]
         metadata=(),
-        occurred_at_ms=None,
+        occurred_at_ms=occurred_at_ms,
         rate_snapshot_id=original.rate_snapshot_id,  # type: ignore[attr-defined]
     )

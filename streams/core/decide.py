@@ -24,7 +24,9 @@ from streams.core.commands import (
     PlaceHold,
     PostTransaction,
     ReleaseHold,
+    ReverseTransaction,
     UnfreezeAccount,
+    reversal_of,
 )
 from streams.core.events import (
     AccountOpened,
@@ -34,6 +36,7 @@ from streams.core.events import (
     HoldPlaced,
     HoldReleased,
     TransactionPosted,
+    TransactionReversed,
 )
 from streams.core.invariants import assert_changes_balanced
 from streams.core.model import Account, AccountStatus, HoldStatus, routing_key_for
@@ -182,7 +185,7 @@ def _judge_transaction(state: StateReader, c: PostTransaction, currencies: Curre
                     return (TransactionPosted(
                         transaction_id=c.transaction_id, legs=legs, kind=c.kind, reference=c.reference,
                         links=c.links, metadata=c.metadata, occurred_at_ms=c.occurred_at_ms,
-                        rate_snapshot_id=c.rate_snapshot_id, at_ms=c.at_ms,
+                        rate_snapshot_id=c.rate_snapshot_id, at_ms=c.at_ms, client_id=c.client_id,
                     ),)
     return _judge_transaction_rules(state, c, currencies)
 
@@ -299,7 +302,33 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
     return (TransactionPosted(
         transaction_id=c.transaction_id, legs=legs, kind=c.kind, reference=c.reference, links=c.links,
         metadata=c.metadata, occurred_at_ms=c.occurred_at_ms, rate_snapshot_id=c.rate_snapshot_id, at_ms=at_ms,
+        client_id=c.client_id,
     ),)
+
+
+def _judge_reverse(state: StateReader, c: ReverseTransaction, currencies: CurrencyRegistry) -> _Judgement:
+    """The original must be known here, posted by the same client and not reversed yet; then its mirrored legs
+    are judged like any transaction (funds, status, limits), so a spent deposit is insufficient_funds."""
+    if not c.transaction_id or not c.reverses:
+        return (_INVALID, "transaction_id and reverses must not be empty")
+    if c.transaction_id == c.reverses:
+        return (_INVALID, "a transaction cannot reverse itself")
+    original = state.transaction(c.reverses)
+    if original is None:
+        return (Rejection.UNKNOWN_TRANSACTION, f"transaction {c.reverses} was not posted in this partition")
+    if original.client_id != c.client_id:
+        return (Rejection.CLIENT_MISMATCH, f"transaction {c.reverses} was posted by another client")
+    if original.reversed_by is not None:
+        return (Rejection.ALREADY_REVERSED, f"transaction {c.reverses} was reversed by {original.reversed_by}")
+    if state.transaction(c.transaction_id) is not None:
+        return (_INVALID, f"transaction id {c.transaction_id} is taken")
+    mirror = reversal_of(original, transaction_id=c.transaction_id, command_id=c.command_id,
+                         client_id=c.client_id, at_ms=c.at_ms, reference=c.reference,
+                         occurred_at_ms=c.occurred_at_ms)
+    judged = _judge_transaction_rules(state, mirror, currencies)
+    if type(judged[0]) is Rejection:
+        return judged
+    return (*judged, TransactionReversed(transaction_id=c.reverses, reversed_by=c.transaction_id, at_ms=c.at_ms))
 
 
 # ------------------------------------------------------------------------------------------------------- holds
@@ -384,6 +413,7 @@ _JUDGES = {
     PlaceHold: _judge_place,
     ReleaseHold: _judge_release,
     ExpireHold: _judge_expire,
+    ReverseTransaction: _judge_reverse,
 }
 
 
@@ -437,4 +467,4 @@ def execute(
         return result, Changes({}, {}, (), processed)
     changes = apply(state, result.events)
     assert_changes_balanced({aid: state.account(aid) for aid in changes.accounts}, changes.accounts.values())
-    return result, Changes(changes.accounts, changes.holds, changes.history, processed)
+    return result, Changes(changes.accounts, changes.holds, changes.history, processed, changes.transactions)

@@ -46,6 +46,17 @@ class TransactionPosted:
     occurred_at_ms: int | None  # business time (None = at_ms)
     rate_snapshot_id: str | None  # FX rate snapshot id
     at_ms: int  # log time of the command
+    client_id: str = ""  # the client that posted it (recorded so only it may reverse the transaction)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransactionReversed:
+    """A transaction was undone by a reversing transaction (posted in the same decision); it stays in the
+    journal, marked, so it is never reversed twice."""
+
+    transaction_id: str  # the transaction undone
+    reversed_by: str  # the reversing transaction's id
+    at_ms: int  # log time of the command
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,4 +90,7 @@ class HoldExpired:
     at_ms: int  # log time of the command
 
 
-Event = Union[AccountOpened, AccountStatusChanged, TransactionPosted, HoldPlaced, HoldReleased, HoldExpired]
+Event = Union[
+    AccountOpened, AccountStatusChanged, TransactionPosted, TransactionReversed, HoldPlaced, HoldReleased,
+    HoldExpired,
+]

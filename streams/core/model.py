@@ -130,6 +130,20 @@ class Leg:
 
 
 @dataclass(frozen=True, slots=True)
+class PostedTransaction:
+    """What a partition remembers of a transaction it posted, so it can be reversed once and only by its
+    client. Kept in the partition that decided it, which is where its reversal is routed (docs/wallet-operations.md)."""
+
+    transaction_id: str  # the transaction's id
+    client_id: str  # the client that posted it: only this client may reverse it
+    legs: tuple[Leg, ...]  # the legs as posted here (system accounts as this partition's shards)
+    kind: str  # its reason (deposit, trade, reversal ...)
+    reference: str | None  # its external reference id
+    rate_snapshot_id: str | None  # the FX rate snapshot it used, carried onto its reversal
+    reversed_by: str | None  # the transaction that reversed it; None while it stands
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """One change to one account, in the account's journal (the history topic).
 

@@ -68,6 +68,16 @@ class Rejection(enum.IntEnum):
     # Checked by the engine, not the core: the hold or account is reserved by a transaction whose debits span
     # several partitions and which is still being decided (release, freeze or close it after; retry).
     IN_FLIGHT = 23
+    # A reversal names a transaction this partition never posted (or one decided across partitions, whose
+    # record lives nowhere whole: see docs/wallet-operations.md).
+    UNKNOWN_TRANSACTION = 24
+    # A reversal by another client than the one that posted the transaction: a client undoes only its own.
+    CLIENT_MISMATCH = 25
+    # The transaction was reversed already: a second reversal would undo it twice.
+    ALREADY_REVERSED = 26
+    # Checked by the engine: the transaction moved money through clearing to or from another partition, so
+    # mirroring its local legs would not undo it (post a compensating transaction instead).
+    NOT_REVERSIBLE = 27
     # Checked by the engine before anything else when client keys are configured (streams/authn.py): the
     # record is unsigned, its signature does not verify, or a command in it names another client than the
     # signer. Answered, never remembered: an impostor cannot spend a client's command id. (24-27: reversals.)

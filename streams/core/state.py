@@ -7,10 +7,10 @@ MemoryState is the in-memory adapter for tests, benchmarks and the reference of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from streams.core.model import Account, HistoryEntry, Hold
+from streams.core.model import Account, HistoryEntry, Hold, PostedTransaction
 from streams.core.results import Processed, Result
 
 __all__ = ["StateReader", "Changes", "MemoryState", "Processed", "Result", "InboxKey"]
@@ -28,6 +28,8 @@ class StateReader(Protocol):
 
     def processed(self, key: InboxKey) -> Processed | None: ...
 
+    def transaction(self, transaction_id: str) -> PostedTransaction | None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Changes:
@@ -41,11 +43,13 @@ class Changes:
     holds: dict[str, Hold]  # full new record of every hold the decision created or changed
     history: tuple[HistoryEntry, ...]  # one entry per change to an account, in the order they happened
     processed: tuple[InboxKey, Processed] | None  # the inbox entry; None for a duplicate or an id_conflict
+    # full new record of every transaction the decision posted or marked reversed (written with step 2)
+    transactions: dict[str, PostedTransaction] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
         """True when nothing is to be written (a duplicate delivery or an id conflict)."""
-        return not (self.accounts or self.holds or self.history or self.processed)
+        return not (self.accounts or self.holds or self.history or self.processed or self.transactions)
 
 
 def no_changes() -> Changes:
@@ -56,13 +60,14 @@ def no_changes() -> Changes:
 class MemoryState:
     """An in-memory StateReader that also keeps the full history, for tests and benchmarks."""
 
-    __slots__ = ("accounts", "holds", "inbox", "history")
+    __slots__ = ("accounts", "holds", "inbox", "history", "transactions")
 
     def __init__(self) -> None:
         self.accounts: dict[str, Account] = {}  # account id -> current record
         self.holds: dict[str, Hold] = {}  # hold id -> current record
         self.inbox: dict[InboxKey, Processed] = {}  # decided command keys
         self.history: list[HistoryEntry] = []  # every history entry, in commit order
+        self.transactions: dict[str, PostedTransaction] = {}  # posted transactions, for reversals
 
     def account(self, account_id: str) -> Account | None:
         return self.accounts.get(account_id)
@@ -72,6 +77,9 @@ class MemoryState:
 
     def processed(self, key: InboxKey) -> Processed | None:
         return self.inbox.get(key)
+
+    def transaction(self, transaction_id: str) -> PostedTransaction | None:
+        return self.transactions.get(transaction_id)
 
     def commit(self, changes: Changes) -> None:
         """Write changes (the four commit steps in order). Asserts that per-account seq stays gapless (P3)."""
@@ -88,6 +96,7 @@ class MemoryState:
         # 1. accounts, 2. holds, 3. history, 4. inbox
         self.accounts.update(changes.accounts)
         self.holds.update(changes.holds)
+        self.transactions.update(changes.transactions)
         self.history.extend(changes.history)
         if changes.processed is not None:
             key, processed = changes.processed

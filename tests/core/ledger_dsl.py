@@ -9,6 +9,7 @@ Commands (amounts are decimal strings in the account's currency, parsed with par
     capture TX HOLD FROM->TO AMT          FROM@HOLD=-AMT, TO=+AMT
     hold HOLD ACCT AMT [expires=MS]
     release HOLD | expire HOLD | freeze ACCT | unfreeze ACCT | close ACCT
+    reverse TX ORIGINAL ACCT              a ReverseTransaction of ORIGINAL, routed by ACCT
 Options on any command: id=COMMAND_ID client=CLIENT_ID at=MS (default: 1000 * line number);
 on transactions also kind= ref= occurred=MS link=TX rate=SNAPSHOT meta=K:V.
 Expected result: "ok" or a rejection code, optionally followed by "dup" (answered from the inbox).
@@ -37,6 +38,7 @@ from streams.core import (
     Rejection,
     ReleaseHold,
     Result,
+    ReverseTransaction,
     UnfreezeAccount,
     check_account,
     check_hold,
@@ -142,6 +144,11 @@ class Ledger:
             return ReleaseHold(**common, hold_id=positional[0])
         if verb == "expire":
             return ExpireHold(**common, hold_id=positional[0])
+        if verb == "reverse":
+            tx_id, original, account_id = positional
+            return ReverseTransaction(**common, transaction_id=tx_id, reverses=original, account_id=account_id,
+                                      reference=one.get("ref"),
+                                      occurred_at_ms=int(one["occurred"]) if "occurred" in one else None)
         if verb in ("transfer", "capture", "tx"):
             tx_id = positional[0]
             if verb == "transfer":

@@ -436,3 +436,54 @@ hold h2 o:USD 60                     | ok | o:USD=100/60
 {line(50)}                           | ok                 | o:USD=50/60
 hold h3 o:USD 1                      | insufficient_funds | o:USD=50/60
 """)
+
+
+# --- reversals ------------------------------------------------------------------------------------------------
+
+REVERSALS = EXCHANGE + """
+transfer t1 buyer:USDT->seller:USDT 100 id=pay-1 kind=payment | ok | buyer:USDT=39900 seller:USDT=100
+"""
+
+
+def test_a_reversal_mirrors_the_legs_once_and_links_to_the_original() -> None:
+    ledger = run(REVERSALS + """
+reverse r1 t1 buyer:USDT id=rev-1          | ok               | buyer:USDT=40000 seller:USDT=0
+reverse r2 t1 buyer:USDT                   | already_reversed | buyer:USDT=40000 seller:USDT=0
+# the same reversal command delivered again is a duplicate, not a second reversal
+reverse r1 t1 buyer:USDT id=rev-1          | ok dup           | buyer:USDT=40000 seller:USDT=0
+""")
+    posted, reversed_ = ledger.results[11].events
+    assert [(leg.account_id, leg.amount) for leg in posted.legs] == [("buyer:USDT", 100_000000),
+                                                                     ("seller:USDT", -100_000000)]
+    assert (posted.kind, posted.links, posted.transaction_id) == ("reversal", ("t1",), "r1")
+    assert (reversed_.transaction_id, reversed_.reversed_by) == ("t1", "r1")
+    assert ledger.state.transactions["t1"].reversed_by == "r1"
+    assert ledger.state.transactions["r1"].reversed_by is None and ledger.state.transactions["r1"].kind == "reversal"
+    assert [e.kind for e in ledger.state.history_of("seller:USDT")][-1] == "reversal"
+
+
+def test_a_reversal_is_refused_for_an_unknown_transaction_another_client_or_itself() -> None:
+    run(REVERSALS + """
+reverse r1 nope buyer:USDT                 | unknown_transaction
+reverse r2 t1 buyer:USDT client=intruder   | client_mismatch  | buyer:USDT=39900 seller:USDT=100
+reverse t1 t1 buyer:USDT                   | invalid_command
+reverse dep1 t1 buyer:USDT                 | invalid_command
+""")
+
+
+def test_reversing_a_spent_deposit_is_insufficient_funds_and_leaves_it_reversible() -> None:
+    run(REVERSALS + """
+transfer t2 seller:USDT->buyer:USDT 60 | ok | seller:USDT=40
+reverse r1 t1 buyer:USDT               | insufficient_funds | seller:USDT=40 buyer:USDT=39960
+transfer t3 buyer:USDT->seller:USDT 60 | ok | seller:USDT=100
+reverse r2 t1 buyer:USDT               | ok | seller:USDT=0 buyer:USDT=40000
+""")
+
+
+def test_a_reversal_of_a_capture_returns_the_money_to_available_not_to_the_ended_hold() -> None:
+    run(EXCHANGE + """
+hold h1 buyer:USDT 300                                 | ok | buyer:USDT=40000/300
+capture fill1 h1 buyer:USDT->seller:USDT 300           | ok | buyer:USDT=39700/0 seller:USDT=300
+reverse r1 fill1 buyer:USDT occurred=5                 | ok | buyer:USDT=40000/0 seller:USDT=0
+release h1                                             | hold_not_open
+""")

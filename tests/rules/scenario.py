@@ -26,6 +26,7 @@ from connectors.rules import (
     OrderClosed,
     OrderPlaced,
     Party,
+    ReversalRequested,
     TradeExecuted,
     WithdrawalCompleted,
     WithdrawalFailed,
@@ -149,6 +150,17 @@ class Scenario:
 
     def transfer(self, transfer_id, src, dst, currency, amount, expect="accepted", **kw) -> "Scenario":
         return self.send(InternalTransfer(transfer_id, src, dst, currency, amount, **kw), expect)
+
+    def reversal(self, reversal_id, transaction_id, user, currency, expect="accepted", duplicate=None,
+                 **kw) -> "Scenario":
+        return self.send(ReversalRequested(reversal_id, transaction_id, user, currency, **kw), expect, duplicate)
+
+    def at(self, ms: int) -> "Scenario":
+        """Move log time on: the next records are written at ms (+1 each). Holds due by then expire when their
+        partition reads its next record (a tick, or any command)."""
+        assert ms >= self.bus.clock, "log time only moves on"
+        self.bus.clock = ms - 1
+        return self
 
     # --- assertions ---------------------------------------------------------------------------------------
     def balance(self, short: str) -> tuple[int, int]:

@@ -166,3 +166,31 @@ def test_a_rule_upgrade_does_not_post_a_replayed_event_twice():
     finally:
         rules.RULES[DepositConfirmed] = spec
     old.assert_balances({"alice:USDT": "5"})
+
+
+def test_a_deposit_reversed_once_by_its_own_client():
+    s = (Scenario().users("alice", "bob")
+         .deposit("d1", "alice", "USDT", "500")
+         .reversal("r1", "deposit_confirmed:d1", "alice", "USDT")
+         .assert_balances({"alice:USDT": "0", "sys:custody:USDT": "0"})
+         .reversal("r1", "deposit_confirmed:d1", "alice", "USDT", duplicate=True)     # redelivered: no effect
+         .reversal("r2", "deposit_confirmed:d1", "alice", "USDT", expect="already_reversed")
+         .reversal("r3", "deposit_confirmed:nope", "alice", "USDT", expect="unknown_transaction")
+         .assert_balances({"alice:USDT": "0", "sys:custody:USDT": "0"}))
+    legs = s.history("reversal_requested:r1")
+    assert sorted((h["account_id"].split("@")[0], h["amount"], h["kind"]) for h in legs) == [
+        ("sys:custody:USDT", "500000000", "reversal"), ("user:alice:USDT", "-500000000", "reversal")]
+
+
+def test_a_reversal_by_another_client_of_a_spent_deposit_and_across_partitions():
+    s = (Scenario().users("alice", "bob")
+         .deposit("d1", "alice", "USDT", "500")
+         .transfer("t1", "alice", "bob", "USDT", "200")                     # alice and bob: two partitions
+         .reversal("r1", "deposit_confirmed:d1", "alice", "USDT", expect="insufficient_funds")
+         .reversal("r2", "internal_transfer:t1", "alice", "USDT", expect="not_reversible"))
+    s.ctx = rules.Context(client_id="intruder")
+    s.reversal("r3", "deposit_confirmed:d1", "alice", "USDT", expect="client_mismatch")
+    s.ctx = rules.DEFAULT_CONTEXT
+    (s.transfer("t2", "bob", "alice", "USDT", "200")
+     .reversal("r4", "deposit_confirmed:d1", "alice", "USDT")                # whole again: reversible
+     .assert_balances({"alice:USDT": "0", "bob:USDT": "0", "sys:custody:USDT": "0"}))

@@ -1,0 +1,61 @@
+"""A wallet operator's commands through the real broker and one real worker: reversals (client, CLI and rule).
+
+One worker serves the whole file's test (a worker start is the expensive part), so each command a wallet
+operator gained is proven end to end at a small wall-time cost.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from connectors import rules
+from connectors.client import LedgerClient, Leg
+from projections.verify import format_report, verify, wait_quiescent
+from tests.engine.test_end_to_end import latest_balances
+from tests.harness import ROOT
+
+
+def cli(settings, *args: str, client_id: str = "wallet") -> subprocess.CompletedProcess:
+    env = {**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap, "LEDGER_TOPIC_PREFIX": settings.prefix}
+    return subprocess.run([sys.executable, "-m", "connectors.cli", *args, "--client-id", client_id],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def outcome(result: dict) -> str:
+    return result["outcome"] if result["outcome"] == "accepted" else result["reason"]
+
+
+def test_wallet_operations_through_the_broker(settings, start_worker):
+    start_worker()
+    wallet = LedgerClient(settings, "wallet")
+    intruder = LedgerClient(settings, "intruder")
+    try:
+        ids = [wallet.open_account("user:ann:USD", "USD"),
+               wallet.post("dep-1", [Leg("sys:world:USD", -10_000), Leg("user:ann:USD", 10_000)], kind="deposit"),
+               wallet.post("dep-2", [Leg("sys:world:USD", -2_500), Leg("user:ann:USD", 2_500)], kind="deposit"),
+               wallet.post("dep-3", [Leg("sys:world:USD", -700), Leg("user:ann:USD", 700)], kind="deposit")]
+        assert [outcome(r) for r in wallet.wait(ids).values()] == ["accepted"] * 4
+
+        # Reversal: by the client, once; a second one, an unknown target and another client are refused.
+        ids = [wallet.reverse("rev-1", "dep-1", "user:ann:USD"),
+               wallet.reverse("rev-1b", "dep-1", "user:ann:USD"),
+               wallet.reverse("rev-x", "dep-404", "user:ann:USD")]
+        assert [outcome(r) for r in wallet.wait(ids).values()] == [
+            "accepted", "already_reversed", "unknown_transaction"]
+        assert outcome(intruder.result(intruder.reverse("rev-2", "dep-2", "user:ann:USD"))) == "client_mismatch"
+        # The CLI and the rules send the same command.
+        done = cli(settings, "reverse", "dep-2", "--account", "user:ann:USD", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert json.loads(done.stdout)["command_id"] == "reversal:dep-2"
+        plan = rules.plan(rules.ReversalRequested("r3", "dep-3", "ann", "USD"), rules.Context(client_id="wallet"))
+        assert outcome(wallet.wait(wallet.submit(plan))["reversal_requested:r3"]) == "accepted"
+        assert latest_balances(settings)["user:ann:USD"]["posted"] == "0"
+
+        assert wait_quiescent(settings)
+        report = verify(settings)
+        assert report.ok, format_report(report)
+    finally:
+        wallet.close()
+        intruder.close()
