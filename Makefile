@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lock install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-core soak clean mutate fuzz
+.PHONY: lock install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-core soak faults clean mutate fuzz
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -71,6 +71,14 @@ bench-core: $(STAMP)
 
 soak: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/kill_soak.py
+
+# The fault suite (benchmarks/faults.py, docs/reliability.md): a 3-node cluster of its own (.state/faults, ports
+# 29092-29094) with every scenario under load and every oracle after each, one table row per scenario; then the
+# long versions of the kill -9 and crash-point tests on the shared broker. FAULTS_ARGS="--only leader-kill
+# --rate 20" for part of it.
+faults: install
+	$(BIN)/python benchmarks/faults.py $(FAULTS_ARGS)
+	LEDGER_LONG_FAULTS=1 scripts/with-broker.sh $(BIN)/pytest -q tests/engine/test_faults.py tests/engine/test_crash_points.py
 
 clean: broker-stop
 	scripts/postgres.sh stop
