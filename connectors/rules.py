@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, NamedTuple
 
 from streams import routing
+from streams.core.settlement import CAPTURE_KEY, EXACT, EXTERNAL, PARTIAL, SETTLEMENT_KEY
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, Currency, CurrencyRegistry, parse_amount
 from streams.core.rejections import Rejection
 
@@ -128,6 +129,11 @@ class Context:
 
     client_id: str = DEFAULT_CLIENT_ID
     currencies: CurrencyRegistry = DEFAULT_CURRENCIES
+    # Default expiry policy: a hold whose event states no expires_at_ms but an occurred_at_ms expires this long
+    # after it, so a lost close or failure report cannot strand the reservation. A fill or a completion that
+    # arrives after the expiry still posts (a late settlement, docs/rules.md).
+    order_ttl_ms: int = 30 * 24 * 3600 * 1000
+    withdrawal_ttl_ms: int = 7 * 24 * 3600 * 1000
 
 
 DEFAULT_CONTEXT = Context()
@@ -155,6 +161,7 @@ class WithdrawalRequested:
     fee: Amount = 0
     expires_at_ms: int | None = None
     attempt: int = 1
+    occurred_at_ms: int | None = None  # when the user asked; with no expires_at_ms, the expiry policy counts from it
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +196,7 @@ class OrderPlaced:
     limit_price: str | int | None = None  # quote per one base unit; required for a buy
     expires_at_ms: int | None = None
     attempt: int = 1
+    occurred_at_ms: int | None = None  # when the order was placed; with no expires_at_ms, the expiry policy counts from it
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +360,20 @@ def _attempt(value: Any) -> int:
     return value
 
 
+def _expiry(expires_at_ms: Any, occurred_at_ms: Any, ttl_ms: int) -> int | None:
+    """The hold's expiry: as the event states it, else the context's policy counted from the event's time."""
+    expires, occurred = _time(expires_at_ms, "expires_at_ms"), _time(occurred_at_ms, "occurred_at_ms")
+    if expires is None and occurred is not None:
+        return occurred + ttl_ms
+    return expires
+
+
+def _settling(**fields: str) -> dict[str, str]:
+    """Metadata of a transaction that records a settlement the outside world already made (see
+    streams/core/settlement.py): never refused because its hold expired or was released first."""
+    return {SETTLEMENT_KEY: EXTERNAL, **fields}
+
+
 def _time(value: Any, field: str) -> int | None:
     if value is not None and (type(value) is not int or value < 0):
         raise InvalidEvent(field, f"must be None or a non-negative integer of ms, got {value!r}")
@@ -509,12 +531,13 @@ def _withdrawal_requested(e: WithdrawalRequested, ctx: Context, spec: RuleSpec) 
     total = to_minor(e.amount, cur, "amount") + to_minor(e.fee, cur, "fee", allow_zero=True)
     cid = _command_id(spec.name, wid, _attempt(e.attempt))
     return (_place_hold(ctx, cid, withdrawal_hold(wid), user_account(user, cur.code), total,
-                        _time(e.expires_at_ms, "expires_at_ms")),)
+                        _expiry(e.expires_at_ms, e.occurred_at_ms, ctx.withdrawal_ttl_ms)),)
 
 
-@rule("withdrawal_completed", 1, WithdrawalCompleted)
+@rule("withdrawal_completed", 2, WithdrawalCompleted)
 def _withdrawal_completed(e: WithdrawalCompleted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
-    """Capture the whole hold: amount back to custody (it left the wallet), fee to the fee account."""
+    """Capture the whole hold, exactly: amount back to custody (it left the wallet), fee to the fee account.
+    v2: the custody paid out already, so it settles even after the hold expired or was released (late)."""
     wid = _business_id(e.withdrawal_id, "withdrawal_id")
     user = _user(e.user, "user")
     cur = _currency(e.currency, ctx, "currency")
@@ -526,7 +549,8 @@ def _withdrawal_completed(e: WithdrawalCompleted, ctx: Context, spec: RuleSpec) 
             _leg(fee_account(cur.code), fee, cur.code)]
     return (_transaction(ctx, cid, legs, kind="withdrawal", reference=wid,
                          occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms"),
-                         metadata=spec.meta(e.attempt, withdrawal_id=wid)),)
+                         metadata=spec.meta(e.attempt, withdrawal_id=wid,
+                                            **_settling(**{CAPTURE_KEY: EXACT}))),)
 
 
 @rule("withdrawal_failed", 1, WithdrawalFailed)
@@ -572,7 +596,8 @@ def _order_placed(e: OrderPlaced, ctx: Context, spec: RuleSpec) -> tuple[Routed,
             ratio(e.limit_price, "limit_price")  # validated, not needed: a sell holds its base quantity
         amount, account = qty, user_account(user, base.code)
     cid = _command_id(spec.name, oid, _attempt(e.attempt))
-    return (_place_hold(ctx, cid, order_hold(oid), account, amount, _time(e.expires_at_ms, "expires_at_ms")),)
+    return (_place_hold(ctx, cid, order_hold(oid), account, amount,
+                        _expiry(e.expires_at_ms, e.occurred_at_ms, ctx.order_ttl_ms)),)
 
 
 @rule("order_closed", 1, OrderClosed)
@@ -599,13 +624,14 @@ def _party(p: Any, field: str) -> Party:
     return p
 
 
-@rule("trade_executed", 1, TradeExecuted)
+@rule("trade_executed", 2, TradeExecuted)
 def _trade(e: TradeExecuted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
     """One transaction for the fill: both sides pay from their order holds and receive minus their fee.
 
     The buyer pays qty x price of quote (exact) and receives qty of base minus its fee; the seller delivers
     qty of base and receives the quote minus its fee; fees go to ``sys:fees:<CUR>``. The bot's side uses
-    ``sys:liquidity:<CUR>`` with plain legs and pays no fee.
+    ``sys:liquidity:<CUR>`` with plain legs and pays no fee. v2: the fill was matched already, so it settles
+    even after an order's hold expired or was released (a late settlement); captures are partial.
     """
     tid = _business_id(e.trade_id, "trade_id")
     base, quote = _pair(e.base, e.quote, ctx)
@@ -643,7 +669,8 @@ def _trade(e: TradeExecuted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]
             _leg(fee_account(b), buyer_fee, b)]
     meta = spec.meta(e.attempt, trade_id=tid, qty=str(qty), price=e.price if type(e.price) is str else str(e.price),
                      maker=e.maker, buyer_order=buyer.order_id or "bot", seller_order=seller.order_id or "bot",
-                     buyer_fee=str(buyer_fee), seller_fee=str(seller_fee), fee_rounding=rounding)
+                     buyer_fee=str(buyer_fee), seller_fee=str(seller_fee), fee_rounding=rounding,
+                     **_settling(**{CAPTURE_KEY: PARTIAL}))
     cid = _command_id(spec.name, tid, _attempt(e.attempt))
     return (_transaction(ctx, cid, legs, kind="trade", reference=tid, metadata=meta,
                          occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms")),)

@@ -10,6 +10,7 @@ credits to other partitions through clearing) -> core.execute (pure) -> stage wr
 from __future__ import annotations
 
 import hashlib
+import dataclasses
 import heapq
 import json
 import logging
@@ -215,9 +216,11 @@ class PartitionState:
         if change is None:
             return None
         wire = codec().decode("result", change["result"])
-        reason = None if wire["reason"] is None else Rejection[wire["reason"].upper()]
+        accepted = wire["outcome"] == "accepted"  # an accepted result's reason is a notice, not a rejection
+        reason = None if wire["reason"] is None or accepted else Rejection[wire["reason"].upper()]
         return Processed(change["fingerprint"], Result(
-            wire["command_id"], wire["client_id"], wire["outcome"], reason, wire["detail"], ()))
+            wire["command_id"], wire["client_id"], wire["outcome"], reason, wire["detail"], (),
+            notice=wire["reason"] if accepted else None))
 
     # Engine side -------------------------------------------------------------------------------------------
     def change_record(self, client_id: str, command_id: str) -> dict[str, Any] | None:
@@ -698,11 +701,18 @@ class PartitionProcessor:
         self.outputs.append(output)
 
     # Execution and outputs ---------------------------------------------------------------------------------
-    def _execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None) -> Result:
+    def _execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None,
+                 notice: str | None = None) -> Result:
         """Decide and stage one command. as_sent: the command as the client sent it, before routing
-        rewrote system accounts to their shards; its fingerprint is the one a retry is compared with."""
+        rewrote system accounts to their shards; its fingerprint is the one a retry is compared with.
+        notice: the participants' late_settlement for the credit side of a multi-partition transaction (the
+        core decided it where the holds live), put on its result if accepted."""
         fingerprint = (as_sent or command).fingerprint()
         result, changes = core.execute(self.state, command, self.currencies, fingerprint)
+        if notice is not None and result.accepted and changes.processed is not None:
+            result = dataclasses.replace(result, notice=notice, detail="a hold it captures had ended: settled late")
+            changes = dataclasses.replace(changes, processed=(changes.processed[0],
+                                                              core.Processed(changes.processed[1].fingerprint, result)))
         if changes.processed is None:  # duplicate or conflict found by the core itself
             self._emit_result(result_to_wire(result, command.at_ms, None, []))
             return result

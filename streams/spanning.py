@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import json
 
 from streams import core, limits, routing
-from streams.core import HoldStatus, Leg, Rejection
+from streams.core import HoldStatus, Leg, Rejection, settlement
 from streams.routing import ENGINE_CLIENT
 from streams.wire import command_from_wire, command_to_wire, rejection_to_wire
 
@@ -127,9 +127,10 @@ class Spanning:
             for hold_id, amount in drawn.items():
                 locked = self.locked_amount(hold_id)
                 hold = self.state.hold(hold_id)
-                if locked and hold is not None and amount > hold.remaining - locked:
-                    return (Rejection.CAPTURE_EXCEEDS_HOLD,
-                            f"hold {hold_id}: {hold.remaining - locked} unreserved, {amount} asked")
+                if locked and hold is not None:  # a late settlement in flight locks released money
+                    free = (hold.released if settlement.ended(hold) else hold.remaining) - locked
+                    if amount > free:
+                        return (Rejection.CAPTURE_EXCEEDS_HOLD, f"hold {hold_id}: {free} unreserved, {amount} asked")
         elif isinstance(command, (core.ReleaseHold, core.ExpireHold)):
             if command.hold_id.startswith(INTERNAL_HOLD_MARK):
                 return Rejection.INVALID_COMMAND, f"hold {command.hold_id} is internal to the ledger"
@@ -263,7 +264,8 @@ class Spanning:
                 failure = Rejection.from_code(copied["reason"]), copied["detail"]
             else:
                 failure, records = self._lock_debits(key, tx, offset, at_ms, copy=False)
-        reason, detail = (None, "") if failure is None else (failure[0].code, limits.clip(failure[1], VOTE_DETAIL_CHARS))
+        reason, detail = (None, self._late_note(tx)) if failure is None else \
+            (failure[0].code, limits.clip(failure[1], VOTE_DETAIL_CHARS))
         wire = _accepted(command_id, at_ms) if failure is None else \
             rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, failure[0], failure[1])
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records)
@@ -273,6 +275,17 @@ class Spanning:
             "transaction_command_id": body["transaction_command_id"],
             "participant": proc.partition, "reason": reason, "detail": detail})
 
+    def _late_note(self, tx: core.PostTransaction) -> str:
+        """A reserved vote's detail: late_settlement when this partition's captures settle an ended hold, so the
+        coordinator's result carries the notice (the core decides it again at this partition's commit)."""
+        proc = self.proc
+        for leg in tx.legs:
+            if leg.hold_id is not None and proc._home(leg.account_id) == proc.partition:
+                hold = self.state.hold(leg.hold_id)
+                if hold is not None and settlement.ended(hold):
+                    return settlement.LATE_SETTLEMENT
+        return ""
+
     def _lock_debits(self, key: str, tx: core.PostTransaction, offset: int, at_ms: int,
                      copy: bool) -> tuple[tuple[Rejection, str] | None, list[tuple[str, Any]]]:
         """Reserve this partition's debits of tx (all or nothing). Returns (failure, engine records to write);
@@ -280,7 +293,14 @@ class Spanning:
         proc, state = self.proc, self.state
         mine = [leg for leg in tx.legs if leg.amount < 0 and proc._home(leg.account_id) == proc.partition]
         failure: tuple[Rejection, str] | None = None
+        terms = settlement.terms_of(tx.metadata)
+        if type(terms) is str:
+            return (Rejection.INVALID_COMMAND, terms), []
         locks: dict[str, list] = {}  # hold id -> [account, amount]
+        taken: dict[str, int] = defaultdict(int)  # hold id -> what this transaction captures of it here
+        for leg in mine:
+            if leg.hold_id is not None:
+                taken[leg.hold_id] -= leg.amount
         plain: dict[str, int] = {}
         for leg in mine:
             account = state.account(leg.account_id)
@@ -293,7 +313,7 @@ class Spanning:
                 plain[leg.account_id] = plain.get(leg.account_id, 0) - leg.amount
                 continue
             else:
-                failure = self._lockable(leg, locks, at_ms)
+                failure = self._lockable(leg, locks, at_ms, terms, taken)
             if failure is not None:
                 break
         placed: list[list] = []  # [internal hold id, account, amount]
@@ -503,23 +523,25 @@ class Spanning:
                                          f"in-flight records, the limit is {limits.IN_FLIGHT_RECORD_BYTES})")
         return None
 
-    def _lockable(self, leg: Leg, locks: dict[str, list], at_ms: int) -> tuple[Rejection, str] | None:
+    def _lockable(self, leg: Leg, locks: dict[str, list], at_ms: int, terms: settlement.Terms,
+                  taken: dict[str, int]) -> tuple[Rejection, str] | None:
+        """Lock this capture's amount of its hold, judged by the core's settlement rules (a late settlement
+        locks released money of an ended hold; its commit then settles it late, settlement.py)."""
         hold = self.state.hold(leg.hold_id)
         account = self.state.account(leg.account_id)
-        if hold is None or hold.account_id != leg.account_id:
-            return Rejection.UNKNOWN_HOLD, f"no hold {leg.hold_id} on {leg.account_id}"
-        if hold.status is not HoldStatus.OPEN:
-            return Rejection.HOLD_NOT_OPEN, f"hold {hold.id} is {hold.status.value}"
-        if hold.expires_at_ms is not None and at_ms >= hold.expires_at_ms:
-            return Rejection.HOLD_EXPIRED, f"hold {hold.id} expired at {hold.expires_at_ms}"
-        if account.status is not core.AccountStatus.OPEN:
-            reason = Rejection.ACCOUNT_FROZEN if account.status is core.AccountStatus.FROZEN else Rejection.ACCOUNT_CLOSED
-            return reason, f"account {account.id} is {account.status.value}"
+        first = leg.hold_id not in locks
         entry = locks.setdefault(leg.hold_id, [leg.account_id, 0])
         entry[1] -= leg.amount
-        free = hold.remaining - self.locked_amount(hold.id)
-        if entry[1] > free:
-            return Rejection.CAPTURE_EXCEEDS_HOLD, f"hold {hold.id}: {free} unreserved, {entry[1]} asked"
+        if not first:  # the hold was judged with the whole of what this transaction takes from it
+            return None
+        judged = settlement.judge_capture(leg.hold_id, hold, leg.account_id, taken[leg.hold_id], terms, at_ms,
+                                          reserved=self.locked_amount(leg.hold_id))
+        if type(judged) is tuple:
+            return judged
+        if account.status is core.AccountStatus.CLOSED or (account.status is core.AccountStatus.FROZEN
+                                                           and not judged):
+            reason = Rejection.ACCOUNT_FROZEN if account.status is core.AccountStatus.FROZEN else Rejection.ACCOUNT_CLOSED
+            return reason, f"account {account.id} is {account.status.value}"
         return None
 
     def _vote(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
@@ -551,7 +573,8 @@ class Spanning:
             proc.commit_change(tx.client_id, tx.command_id, tx.fingerprint(), offset, wire)
             result_wire = wire
         else:
-            commit, result_wire = self._post_credits(tx, offset, at_ms)
+            late = any(d == settlement.LATE_SETTLEMENT for r, d in pending["votes"].values() if r is None)
+            commit, result_wire = self._post_credits(tx, offset, at_ms, settlement.LATE_SETTLEMENT if late else None)
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
                            records=[(f"c/{key}", None)])
         for _ in range(pending["retries"]):
@@ -561,8 +584,10 @@ class Spanning:
             self._send(key, "Decide", p, routing.routing_key_for(account), at_ms, {
                 "transaction_client_id": client_id, "transaction_command_id": tx_command_id, "commit": commit})
 
-    def _post_credits(self, tx: core.PostTransaction, offset: int, at_ms: int) -> tuple[bool, dict]:
-        """The credit side, funded from the local clearing shard; returns (accepted, wire result)."""
+    def _post_credits(self, tx: core.PostTransaction, offset: int, at_ms: int,
+                      notice: str | None = None) -> tuple[bool, dict]:
+        """The credit side, funded from the local clearing shard; returns (accepted, wire result). notice: what
+        the participants' votes said for the result of an acceptance (late_settlement)."""
         proc = self.proc
         credits = [leg for leg in tx.legs if leg.amount > 0]
         totals: dict[str, int] = defaultdict(int)
@@ -584,9 +609,9 @@ class Spanning:
         if not proc._open_shards(system, tx, offset):
             return False, rejection_to_wire(tx.command_id, tx.client_id, at_ms, Rejection.UNKNOWN_CURRENCY, "")
         funding = [Leg(routing.shard_of(f"sys:clearing:{c}", proc.partition), -total) for c, total in totals.items()]
-        result = proc._execute(replace(tx, at_ms=at_ms, legs=tuple(funding + local)), offset, tx)
+        result = proc._execute(replace(tx, at_ms=at_ms, legs=tuple(funding + local)), offset, tx, notice=notice)
         wire = {"command_id": tx.command_id, "client_id": tx.client_id, "outcome": result.outcome,
-                "reason": None if result.reason is None else result.reason.code, "detail": result.detail,
+                "reason": result.notice if result.reason is None else result.reason.code, "detail": result.detail,
                 "duplicate": False, "transaction_id": tx.transaction_id if result.outcome == "accepted" else None,
                 "at_ms": at_ms, "holds": []}
         if result.outcome != "accepted":
@@ -648,7 +673,8 @@ class Spanning:
         command = core.PostTransaction(command_id=commit_id, client_id=ENGINE_CLIENT, at_ms=reservation["at_ms"],
                                        transaction_id=commit_id, legs=tuple(legs + clearing), kind=original.kind,
                                        reference=original.transaction_id, links=(original.transaction_id,),
-                                       occurred_at_ms=original.occurred_at_ms)
+                                       occurred_at_ms=original.occurred_at_ms,
+                                       metadata=settlement.carried(original.metadata))
         result = proc._execute(command, offset)
         assert result.outcome == "accepted", f"reserved debits refused at commit: {result}"
 

@@ -209,7 +209,8 @@ def result_to_wire(result: Result, at_ms: int, transaction_id: str | None, holds
         "command_id": result.command_id,
         "client_id": result.client_id,
         "outcome": result.outcome,
-        "reason": None if result.reason is None else result.reason.code,
+        # An accepted result's reason is its notice (late_settlement), if any: see streams/core/settlement.py.
+        "reason": result.notice if result.reason is None else result.reason.code,
         "detail": result.detail,
         "duplicate": result.duplicate,
         "transaction_id": transaction_id,

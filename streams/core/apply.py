@@ -105,16 +105,24 @@ def _apply_posted(o: _Overlay, e: TransactionPosted) -> None:
         hold_id = leg.hold_id
         if hold_id is not None:
             hold = o.hold(hold_id)
-            assert hold.account_id == account.id and hold.status is HoldStatus.OPEN and -amount <= hold.remaining
             captured = hold.captured - amount
             ids = hold.capture_transaction_ids
             if not ids or ids[-1] != tx:
                 ids = (*ids, tx)
-            status = HoldStatus.CAPTURED if captured + hold.released == hold.amount else HoldStatus.OPEN
-            o.holds[hold_id] = Hold(
-                hold.id, hold.account_id, hold.amount, captured, hold.released, status, hold.expires_at_ms, ids
-            )
-            held += amount  # the capture consumes reserved money: posted and held fall together
+            if hold.status is HoldStatus.OPEN:
+                assert hold.account_id == account.id and -amount <= hold.remaining
+                status = HoldStatus.CAPTURED if captured + hold.released == hold.amount else HoldStatus.OPEN
+                o.holds[hold_id] = Hold(
+                    hold.id, hold.account_id, hold.amount, captured, hold.released, status, hold.expires_at_ms, ids
+                )
+                held += amount  # the capture consumes reserved money: posted and held fall together
+            else:  # settled late (settlement.py): released money is taken again from available (or, for what
+                # available could not cover, from the owner's receivable); the status keeps how the hold ended
+                assert -amount <= hold.released, f"late settlement above what hold {hold_id} released"
+                o.holds[hold_id] = Hold(
+                    hold.id, hold.account_id, hold.amount, captured, hold.released + amount, hold.status,
+                    hold.expires_at_ms, ids,
+                )
         posted = account.posted + amount
         seq = account.seq + 1
         accounts[account.id] = Account(

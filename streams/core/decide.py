@@ -39,10 +39,11 @@ from streams.core.events import (
     TransactionReversed,
 )
 from streams.core.invariants import assert_changes_balanced
-from streams.core.model import Account, AccountStatus, HoldStatus, routing_key_for
+from streams.core.model import SYSTEM_POLICY, Account, AccountStatus, HoldStatus, Leg, routing_key_for
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, CurrencyRegistry
 from streams.core.rejections import Rejection
 from streams.core.results import ACCEPTED, REJECTED, Processed, Result
+from streams.core.settlement import LATE_SETTLEMENT, STRICT, ended, judge_capture, receivable_of, terms_of
 from streams.core.state import Changes, StateReader, no_changes
 
 __all__ = ["decide", "execute", "apply", "Result", "MAX_LEGS"]
@@ -204,6 +205,9 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
         failures.append((_INVALID, f"a transaction needs 2..{MAX_LEGS} legs, got {len(legs)}"))
     if c.metadata and len({k for k, _ in c.metadata}) != len(c.metadata):
         failures.append((_INVALID, "metadata keys are not unique"))
+    terms = terms_of(c.metadata) if c.metadata else STRICT
+    if type(terms) is str:
+        failures.append((_INVALID, terms))
     for index, leg in enumerate(legs):
         amount = leg.amount
         if not leg.account_id:
@@ -238,7 +242,6 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
     sums: dict[str, int] = {}
     posted_delta: dict[str, int] = {}
     held_delta: dict[str, int] = {}
-    debited: set[str] = set()
     captures: dict[str, int] = {}
     for leg in legs:
         account_id = leg.account_id
@@ -247,7 +250,6 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
         sums[currency] = sums.get(currency, 0) + amount
         posted_delta[account_id] = posted_delta.get(account_id, 0) + amount
         if amount < 0:
-            debited.add(account_id)
             if leg.hold_id is not None:
                 held_delta[account_id] = held_delta.get(account_id, 0) + amount
                 captures[leg.hold_id] = captures.get(leg.hold_id, 0) - amount
@@ -259,20 +261,21 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
 
     # Stage 4: holds, funds, limits and account status; the lowest reason wins.
     at_ms = c.at_ms
+    late: set[str] = set()  # holds this transaction settles late (settlement.py): ended, settled anyway
+    late_debit: dict[str, int] = {}  # account -> its late captures (negative): no funds or frozen check
     if captures:
         hold_accounts = {leg.hold_id: leg.account_id for leg in legs if leg.hold_id is not None}
         for hold_id, taken in captures.items():
-            hold = state.hold(hold_id)
-            if hold is None or hold.account_id != hold_accounts[hold_id]:
-                failures.append((Rejection.UNKNOWN_HOLD,
-                                 f"hold {hold_id} does not exist on account {hold_accounts[hold_id]}"))
-            elif hold.status is not HoldStatus.OPEN:
-                failures.append((Rejection.HOLD_NOT_OPEN, f"hold {hold_id} is {hold.status.value}"))
-            elif hold.expires_at_ms is not None and hold.expires_at_ms <= at_ms:
-                failures.append((Rejection.HOLD_EXPIRED, f"hold {hold_id} expired at {hold.expires_at_ms}"))
-            elif taken > hold.remaining:
-                failures.append((Rejection.CAPTURE_EXCEEDS_HOLD,
-                                 f"capture {taken} from hold {hold_id} with {hold.remaining} remaining"))
+            judged = judge_capture(hold_id, state.hold(hold_id), hold_accounts[hold_id], taken, terms, at_ms)
+            if type(judged) is tuple:
+                failures.append(judged)
+            elif judged:
+                late.add(hold_id)
+        for leg in legs:
+            if leg.hold_id is not None and leg.hold_id in late:  # no longer reserved: a debit of available
+                held_delta[leg.account_id] -= leg.amount
+                late_debit[leg.account_id] = late_debit.get(leg.account_id, 0) + leg.amount
+    debited = {leg.account_id for leg in legs if leg.amount < 0 and (leg.hold_id is None or leg.hold_id not in late)}
     for account_id, delta in posted_delta.items():
         account = accounts[account_id]
         status = account.status
@@ -285,10 +288,13 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
         if posted > MAX_ABS_AMOUNT or posted < -MAX_ABS_AMOUNT:
             failures.append((Rejection.AMOUNT_OUT_OF_RANGE, f"account {account_id}: posted beyond 2**127-1"))
         policy = account.policy
-        # Captures move posted and held together, so only the other legs change available.
-        available_delta = delta - held_delta.get(account_id, 0)
+        # Captures move posted and held together, so only the other legs change available. A late settlement
+        # was made outside already: it is never the reason for insufficient_funds (what available cannot cover
+        # of it goes to the owner's receivable, below).
+        late_part = late_debit.get(account_id, 0)
+        available_delta = delta - held_delta.get(account_id, 0) - late_part
         if available_delta < 0 and not policy.allow_negative:
-            available = posted - account.held - held_delta.get(account_id, 0)
+            available = posted - account.held - held_delta.get(account_id, 0) - late_part
             if available < -policy.overdraft_limit:
                 failures.append((Rejection.INSUFFICIENT_FUNDS,
                                  f"account {account_id}: available would be {available}"))
@@ -299,11 +305,14 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
         return min(failures)
 
     assert not any(sums.values()), "double entry: an accepted transaction must balance per currency"
-    return (TransactionPosted(
+    opened: tuple[Event, ...] = ()
+    if late_debit:
+        opened, legs = _overdraw_to_receivables(state, accounts, legs, posted_delta, held_delta, late_debit, at_ms)
+    return (*opened, TransactionPosted(
         transaction_id=c.transaction_id, legs=legs, kind=c.kind, reference=c.reference, links=c.links,
         metadata=c.metadata, occurred_at_ms=c.occurred_at_ms, rate_snapshot_id=c.rate_snapshot_id, at_ms=at_ms,
         client_id=c.client_id,
-    ),)
+    ))
 
 
 def _judge_reverse(state: StateReader, c: ReverseTransaction, currencies: CurrencyRegistry) -> _Judgement:
@@ -329,6 +338,53 @@ def _judge_reverse(state: StateReader, c: ReverseTransaction, currencies: Curren
     if type(judged[0]) is Rejection:
         return judged
     return (*judged, TransactionReversed(transaction_id=c.reverses, reversed_by=c.transaction_id, at_ms=c.at_ms))
+
+
+def _overdraw_to_receivables(state: StateReader, accounts: dict[str, Account], legs: tuple[Leg, ...],
+                             posted_delta: dict[str, int], held_delta: dict[str, int],
+                             late_debit: dict[str, int], at_ms: int) -> tuple[tuple[Event, ...], tuple[Leg, ...]]:
+    """A late settlement keeps P2: what an account's available cannot cover of its late captures is debited
+    from its owner's receivable instead (opened here on first use), on a leg naming the same hold."""
+    shortfall: dict[str, int] = {}
+    for account_id, late_part in late_debit.items():
+        account = accounts[account_id]
+        if account.policy.allow_negative:
+            continue
+        available = account.posted + posted_delta[account_id] - account.held - held_delta.get(account_id, 0)
+        short = min(-account.policy.overdraft_limit - available, -late_part)
+        if short > 0:
+            shortfall[account_id] = short
+    if not shortfall:
+        return (), legs
+    opened: list[AccountOpened] = []
+    out: list[Leg] = []
+    for leg in legs:
+        short = shortfall.get(leg.account_id, 0)
+        hold = state.hold(leg.hold_id) if short and leg.hold_id is not None else None
+        if hold is None or not ended(hold):
+            out.append(leg)
+            continue
+        moved = min(short, -leg.amount)
+        shortfall[leg.account_id] = short - moved
+        account = accounts[leg.account_id]
+        receivable = receivable_of(account.routing_key, account.currency)
+        if state.account(receivable) is None and all(e.account_id != receivable for e in opened):
+            opened.append(AccountOpened(account_id=receivable, currency=account.currency,
+                                        routing_key=account.routing_key, policy=SYSTEM_POLICY, at_ms=at_ms))
+        if leg.amount + moved:
+            out.append(Leg(leg.account_id, leg.amount + moved, leg.hold_id, leg.currency))
+        out.append(Leg(receivable, -moved, leg.hold_id, leg.currency))
+    return tuple(opened), tuple(out)
+
+
+def _settles_late(state: StateReader, c: PostTransaction) -> bool:
+    """An accepted transaction captured from a hold that had ended (only an external settlement may)."""
+    for leg in c.legs:
+        if leg.hold_id is not None:
+            hold = state.hold(leg.hold_id)
+            if hold is not None and ended(hold):
+                return True
+    return False
 
 
 # ------------------------------------------------------------------------------------------------------- holds
@@ -439,6 +495,9 @@ def _decide(state: StateReader, command: Command, currencies: CurrencyRegistry,
     judged = judge(state, command, currencies)
     if type(judged[0]) is Rejection:
         return Result(command_id, client_id, REJECTED, judged[0], judged[1], ()), fingerprint
+    if type(command) is PostTransaction and command.metadata and _settles_late(state, command):
+        return Result(command_id, client_id, ACCEPTED, None, "a hold it captures had ended: settled late",
+                      judged, notice=LATE_SETTLEMENT), fingerprint
     return Result(command_id, client_id, ACCEPTED, None, "", judged), fingerprint
 
 

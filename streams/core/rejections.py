@@ -63,6 +63,9 @@ class Rejection(enum.IntEnum):
     HOLD_NOT_EXPIRED = 20
     # The captures of a transaction take more from a hold than its remaining amount.
     CAPTURE_EXCEEDS_HOLD = 21
+    # A transaction settling under the exact capture mode (streams/core/settlement.py) moves another amount than
+    # its hold still reserves. Numbered apart from its neighbours (values are never reused); it ranks like them.
+    CAPTURE_NOT_EXACT = 40
     # The command id (scoped by client id) was already used with a different payload; nothing changes.
     ID_CONFLICT = 22
     # Checked by the engine, not the core: the hold or account is reserved by a transaction whose debits span

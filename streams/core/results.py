@@ -23,6 +23,8 @@ class Result:
     detail: str  # human-readable explanation for logs and operators; "" when accepted
     events: tuple[Event, ...]  # what happened (empty when rejected)
     duplicate: bool = False  # True when this is the stored answer to an earlier delivery
+    # Accepted, with something operations must know (the wire's reason): "late_settlement" (settlement.py).
+    notice: str | None = None
 
     @property
     def accepted(self) -> bool:

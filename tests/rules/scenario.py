@@ -88,7 +88,8 @@ class Scenario:
         self.last_plan = rules.plan(event, self.ctx)
         self.last = self.deliver(list(self.last_plan))
         for result in self.last:
-            got = result["outcome"] if result["outcome"] == "accepted" else result["reason"]
+            # accepted, a rejection reason, or the notice of an acceptance ("late_settlement")
+            got = result["reason"] or result["outcome"]
             assert got == expect, f"{result['command_id']}: expected {expect}, got {got} ({result['detail']})"
             if duplicate is not None:
                 assert result["duplicate"] is duplicate, result
@@ -131,8 +132,8 @@ class Scenario:
     def withdrawal_failed(self, wid, user, currency, expect="accepted", duplicate=None, **kw) -> "Scenario":
         return self.send(WithdrawalFailed(wid, user, currency, **kw), expect, duplicate)
 
-    def order_placed(self, order_id, user, side, qty, limit_price=None, expect="accepted") -> "Scenario":
-        return self.send(OrderPlaced(order_id, user, side, BASE, QUOTE, qty, limit_price), expect)
+    def order_placed(self, order_id, user, side, qty, limit_price=None, expect="accepted", **kw) -> "Scenario":
+        return self.send(OrderPlaced(order_id, user, side, BASE, QUOTE, qty, limit_price, **kw), expect)
 
     def trade(self, trade_id, qty, price, *, buyer, seller, maker="seller", fees=("0", "0"), expect="accepted",
               duplicate=None, **kw) -> "Scenario":
@@ -171,7 +172,9 @@ class Scenario:
         """{"alice:USDT": "28020"} (posted, nothing held) or {"alice:USDT": ("40000", "30000")} (posted, held)."""
         for short, want in expected.items():
             account = account_name(short)
-            currency = routing.system_currency(account) if routing.is_system(account) else account.rsplit(":")[-1]
+            # user:<u>:<CUR>, or a receivable user:<u>:receivable.<CUR>
+            currency = routing.system_currency(account) if routing.is_system(account) else \
+                account.rsplit(":")[-1].rsplit(".")[-1]
             posted, held = want if isinstance(want, tuple) else (want, "0")
             got = self.balance(short)
             cur = DEFAULT_CURRENCIES.get(currency)

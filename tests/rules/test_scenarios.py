@@ -28,7 +28,7 @@ def test_worked_example_of_design_section_8():
     # The fill is one transaction (six legs, two partitions) with the rule recorded on it.
     assert len(s.history("trade_executed:fill-1")) == 6
     metadata = s.last_plan.commands[0].record["body"][1]["metadata"]
-    assert (metadata["rule"], metadata["rule_version"]) == ("trade_executed", "1")
+    assert (metadata["rule"], metadata["rule_version"]) == ("trade_executed", "2")
     (s.order_closed("bid-1", "alice", "buy")      # the user cancels the rest: 18,020 comes back
      .assert_balances({"alice:USDT": "28020", "alice:BTC": "0.1998", "bob:USDT": "11968.02",
                        "sys:custody:USDT": "-40000", "sys:custody:BTC": "-0.2"}))
