@@ -53,8 +53,11 @@ def _get(api: str, path: str) -> dict:
     import urllib.parse
     import urllib.request
 
+    request = urllib.request.Request(api.rstrip("/") + urllib.parse.quote(path, safe="/?=&:@"))
+    if os.environ.get("LEDGER_API_TOKEN"):  # the read API's token (projections/access.py)
+        request.add_header("Authorization", f"Bearer {os.environ['LEDGER_API_TOKEN']}")
     try:
-        with urllib.request.urlopen(api.rstrip("/") + urllib.parse.quote(path, safe="/?=&:@"), timeout=30) as r:
+        with urllib.request.urlopen(request, timeout=30) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as exc:
         error = json.loads(exc.read() or b"{}").get("error", {})
@@ -529,7 +532,8 @@ def rebuild_balances(
 @app.command()
 def api(
     db: str = READ_DB,
-    host: str = "127.0.0.1",
+    host: str = typer.Option("127.0.0.1", envvar="LEDGER_API_HOST",
+                             help="The address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8080, envvar="LEDGER_API_PORT"),
     with_projector: bool = typer.Option(True, "--projector/--no-projector"),
 ) -> None:

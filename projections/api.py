@@ -5,6 +5,8 @@ started with `projector=True`, else by a `ledger projector` elsewhere). Amounts 
 minor units plus the formatted decimal of the currency's scale. Errors are JSON `{"error": {"code",
 "message"}}` with stable codes:
 
+  401 missing_token, unknown_token (LEDGER_API_TOKENS is set: projections/access.py)
+  403 not_permitted (an account outside the token's grant, or a ledger-wide view without system = true)
   404 unknown_account, unknown_transaction, unknown_command, unknown_seq, not_found (no such route)
   400 sharded_account (a per-account sequence asked of a summed system account: ask a shard)
   422 invalid_parameter (malformed, out of range (integers are signed 64-bit) or contradictory parameters)
@@ -41,6 +43,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from projections import fold
+from projections.access import ApiTokens, TokenGate
 from projections.db import display
 from projections.drift import CHECK_EVERY_S as DRIFT_EVERY_S, DriftChecker, run as run_drift
 from projections.metrics import ReadSideCollector, StatsCache, money, transfers_older_than
@@ -380,10 +383,11 @@ def _answer_errors_as_json(app: FastAPI) -> None:
 
 def create_app(target: str | Path, settings: Settings | None = None, *, projector: bool = False,
                min_seq_timeout_s: float = 5.0, read_threads: int = READ_THREADS, poll_s: float = POLL_S,
-               drift_every_s: float = DRIFT_EVERY_S) -> FastAPI:
+               drift_every_s: float = DRIFT_EVERY_S, tokens: ApiTokens | None = None) -> FastAPI:
     """The API over the store `target` (a SQLite path or a postgresql:// URL). projector=True also runs the
     projector in a thread (needs settings). drift_every_s > 0 runs the background drift check
-    (projections/drift.py) at that pace. The routes ask the store and format its rows; nothing else."""
+    (projections/drift.py) at that pace. tokens: who may read what (projections/access.py); None: those of
+    LEDGER_API_TOKENS, or open when it is not set. The routes ask the store and format its rows; nothing else."""
     # The writer creates the schema; a reader needs it to exist before its first query.
     Store(target, settings.prefix if settings else None).close()
     readers = Readers(target, read_threads)
@@ -401,6 +405,9 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
     app.state.stats = stats
     app.state.hub = hub
     _answer_errors_as_json(app)
+    tokens = tokens if tokens is not None else ApiTokens.from_env()
+    if tokens is not None:  # every request passes the token gate first (projections/access.py)
+        app.add_middleware(TokenGate, tokens=tokens)
 
     async def answer(body: Callable[..., Any], account_id: str | None = None, min_seq: int | None = None) -> Response:
         """body(store[, row]) in a reading thread, encoded there. With an account: its view first (404 when

@@ -22,6 +22,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streams import config, limits, logs, metrics
+from streams import authn
 from streams.engine import CommandRecord, Engine
 
 log = logging.getLogger("ledger.worker")
@@ -73,6 +74,7 @@ commands = app.topic(settings.topic("commands"), key_type=bytes, value_type=byte
                      partitions=settings.partitions)
 engine = Engine(settings, DATA_DIR)
 METRICS_PORT = int(os.environ.get("LEDGER_METRICS_PORT", "0"))
+METRICS_HOST = os.environ.get("LEDGER_METRICS_HOST", "127.0.0.1")  # the address the metrics listen on
 
 
 @app.on_partitions_revoked.connect
@@ -127,10 +129,15 @@ async def refresh_client_results() -> None:
 
 
 @app.task
+async def announce_client_authentication() -> None:
+    authn.announce(engine.clients)  # on (which clients file) or open, in the worker's log
+
+
+@app.task
 async def serve_metrics() -> None:
     if METRICS_PORT:
-        metrics.serve(METRICS_PORT)
-        log.info("metrics on http://127.0.0.1:%d/metrics", METRICS_PORT)
+        metrics.serve(METRICS_PORT, METRICS_HOST)
+        log.info("metrics on http://%s:%d/metrics", METRICS_HOST, METRICS_PORT)
 
 
 def _observe_lag(events) -> None:

@@ -157,14 +157,17 @@ class Clients:
         """The clients file of LEDGER_CLIENTS; None (the ledger runs open) when it is not set."""
         env = os.environ if env is None else env
         path = env.get(ENV_CLIENTS)
-        if not path:
-            log.warning("%s is not set: the ledger runs OPEN (development mode). Any producer may write "
-                        "commands under any client id and move any account's money. Set %s to a clients file "
-                        "(docs/security.md) in any deployment that holds real money.", ENV_CLIENTS, ENV_CLIENTS)
-            return None
-        clients = cls.from_file(Path(path))
-        log.info("client authentication on: %d clients and their policies from %s", len(clients), path)
-        return clients
+        return cls.from_file(Path(path)) if path else None
+
+
+def announce(clients: Clients | None) -> None:
+    """Say in the worker's log, as it starts, whether clients are authenticated (and by which file)."""
+    if clients is None:
+        log.warning("%s is not set: the ledger runs OPEN (development mode). Any producer may write commands "
+                    "under any client id and move any account's money. Set %s to a clients file "
+                    "(docs/security.md) in any deployment that holds real money.", ENV_CLIENTS, ENV_CLIENTS)
+    else:
+        log.info("client authentication on: %d clients and their policies from %s", len(clients), clients.source)
 
 
 def _read_key(path: Path, where: str) -> str:

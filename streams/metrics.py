@@ -10,8 +10,6 @@ from schemas.codec import DECODE_REASONS
 
 COMMANDS = PromCounter("ledger_commands_total", "Commands answered, by kind and outcome", ["kind", "outcome"])
 REJECTIONS = PromCounter("ledger_rejections_total", "Rejected commands, by reason", ["reason"])
-# Accepted with a notice operations must follow up: late_settlement (streams/core/settlement.py).
-NOTICES = PromCounter("ledger_notices_total", "Accepted commands with a notice, by notice", ["notice"])
 DEAD_LETTERS = PromCounter("ledger_dead_letters_total", "Undecodable commands sent to the dead-letter topic", ["reason"])
 # Present at 0 from the start, so an alert on increase() sees the first dead letter too (a series that appears
 # at 1 has no earlier sample to increase from).
@@ -30,8 +28,9 @@ CLEARING = Gauge("ledger_clearing_minor_units", "Money in this worker's clearing
                  ["currency"])
 
 
-def serve(port: int) -> None:
-    start_http_server(port, addr="127.0.0.1")
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """host: the address to bind (LEDGER_METRICS_HOST; 0.0.0.0 lets a Prometheus on another host scrape)."""
+    start_http_server(port, addr=host)
 
 
 def record_batch(counts: Counter, records: int, seconds: float) -> None:
@@ -41,9 +40,7 @@ def record_batch(counts: Counter, records: int, seconds: float) -> None:
             DEAD_LETTERS.labels(reason).inc(n)
             continue
         COMMANDS.labels(kind, outcome).inc(n)
-        if reason and outcome == "accepted":
-            NOTICES.labels(reason).inc(n)
-        elif reason:
+        if reason:
             REJECTIONS.labels(reason).inc(n)
     BATCH_SECONDS.observe(seconds)
     BATCH_SIZE.observe(records)
