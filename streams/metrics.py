@@ -10,6 +10,8 @@ from schemas.codec import DECODE_REASONS
 
 COMMANDS = PromCounter("ledger_commands_total", "Commands answered, by kind and outcome", ["kind", "outcome"])
 REJECTIONS = PromCounter("ledger_rejections_total", "Rejected commands, by reason", ["reason"])
+# Accepted with a notice operations must follow up: late_settlement (streams/core/settlement.py).
+NOTICES = PromCounter("ledger_notices_total", "Accepted commands with a notice, by notice", ["notice"])
 DEAD_LETTERS = PromCounter("ledger_dead_letters_total", "Undecodable commands sent to the dead-letter topic", ["reason"])
 # Present at 0 from the start, so an alert on increase() sees the first dead letter too (a series that appears
 # at 1 has no earlier sample to increase from).
@@ -40,7 +42,9 @@ def record_batch(counts: Counter, records: int, seconds: float) -> None:
             DEAD_LETTERS.labels(reason).inc(n)
             continue
         COMMANDS.labels(kind, outcome).inc(n)
-        if reason:
+        if reason and outcome == "accepted":
+            NOTICES.labels(reason).inc(n)
+        elif reason:
             REJECTIONS.labels(reason).inc(n)
     BATCH_SECONDS.observe(seconds)
     BATCH_SIZE.observe(records)
