@@ -27,8 +27,9 @@ topics: broker
 	$(BIN)/ledger topics create
 
 # Broker (unless KAFKA_BOOTSTRAP is set), topics, worker, demo traffic; Ctrl-C stops what it started.
+# SECURE=1: on a secured local broker, each process as its own principal (docs/security.md).
 run: install
-	scripts/run.sh
+	SECURE=$(SECURE) scripts/run.sh
 
 demo: install
 	scripts/with-broker.sh $(BIN)/ledger demo

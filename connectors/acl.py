@@ -118,6 +118,8 @@ def model(settings: Settings, roles: Roles) -> list[Grant]:
         p = f"User:{name}"
         grants += _topic_grants(p, [settings.prefix], [READ, DESCRIBE], PREFIXED)
         grants += _group_grants(p, AUDITOR_GROUPS + READER_GROUPS)
+        # verify waits for quiescence by the workers' committed offsets: DESCRIBE reads them, joining needs READ.
+        grants.append(Grant(p, GROUP, f"{settings.prefix}workers", LITERAL, DESCRIBE))
     return list(dict.fromkeys(grants))  # a DESCRIBE both reading and writing roles need, once
 
 

@@ -163,7 +163,7 @@ PRODUCERS = typer.Option(["app-a", "app-b"], "--producer", envvar="LEDGER_ACL_PR
                          help="Producing principals; PRINCIPAL:CLIENT_ID[,CLIENT_ID] when it sends under other "
                               "client ids than its own name.")
 READERS = typer.Option(["reader"], "--reader", envvar="LEDGER_ACL_READERS", help=_ROLE_HELP)
-AUDITORS = typer.Option([], "--auditor", envvar="LEDGER_ACL_AUDITORS", help=_ROLE_HELP)
+AUDITORS = typer.Option(["auditor"], "--auditor", envvar="LEDGER_ACL_AUDITORS", help=_ROLE_HELP)
 
 
 def _roles(workers, producers, readers, auditors):

@@ -118,7 +118,13 @@ class LedgerClient:
         client's principal may read it: docs/security.md), else the shared results topic."""
         own = self.settings.client_results_topic(self.client_id)
         topics = self._consumer.list_topics(timeout=self.settings.connect_timeout_s).topics
-        return own if own in topics and topics[own].error is None else self.settings.topic("results")
+        topic = own if own in topics and topics[own].error is None else self.settings.topic("results")
+        # A topic this principal may not describe is absent from the listing above, whatever it holds: ask.
+        known = self._consumer.list_topics(topic, timeout=self.settings.connect_timeout_s).topics.get(topic)
+        if known is not None and known.error is not None \
+                and known.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise ResultsNotAuthorized(topic)
+        return topic
 
     def _end_offset(self, topic: str, partition: int, deadline: float) -> int:
         while True:

@@ -121,7 +121,7 @@ EOF
 # the cluster metadata, which the quorum's own connections cannot wait for. Every principal also has a client
 # certificate with its name as CN, so one set of ACLs serves SCRAM and mTLS clients alike.
 SEC=$KDIR/secure
-SECURE_USERS=${KAFKA_SECURE_USERS:-admin worker app-a app-b reader}
+SECURE_USERS=${KAFKA_SECURE_USERS:-admin worker app-a app-b reader auditor}
 BROKER_PRINCIPAL=ledger-broker
 
 secure_listeners() {  # $1 = node id

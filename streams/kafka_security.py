@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import time
 import urllib.parse
 import urllib.request
@@ -234,15 +233,3 @@ def oidc_token_provider(props: dict[str, str]):
 
     return Provider()
 
-
-def describe(props: dict[str, str]) -> str:
-    """One line for logs: how this process connects, never a secret."""
-    protocol = props.get("security.protocol", "PLAINTEXT").upper()
-    parts = [protocol]
-    if protocol.startswith("SASL_"):
-        parts.append(props.get("sasl.mechanism", ""))
-        if props.get("sasl.username"):
-            parts.append(f"as {props['sasl.username']}")
-    if props.get("ssl.certificate.location"):
-        parts.append(f"client certificate {os.path.basename(props['ssl.certificate.location'])}")
-    return " ".join(p for p in parts if p)
