@@ -128,6 +128,37 @@ def show_holds(account: str, api: str = API_URL, as_json: bool = AS_JSON) -> Non
         typer.echo(f"  {h['hold_id']:30} {h['status']:9} remaining {_money(h['remaining'])}")
 
 
+@show_app.command("in-clearing")
+def show_in_clearing(older_than: float = typer.Option(0.0, "--older-than", help="Only transfers in clearing at "
+                                                      "least this many seconds (stuck ones)."),
+                     api: str = API_URL, as_json: bool = AS_JSON) -> None:
+    """Cross-partition transfers whose money is still in clearing, oldest first; exit 1 if any is listed."""
+    page = _show(api, f"/transfers/in-clearing?older_than_s={older_than:g}", as_json)
+    if page is None:
+        return
+    for t in page["transfers"]:
+        typer.echo(f"  {t['transaction_id']:40} {_money(t):>26}  {t['age_s']:10.1f} s in clearing")
+    typer.echo(f"{len(page['transfers'])} transfer(s) in clearing" +
+               (f" for {older_than:g} s or more" if older_than else ""))
+    raise typer.Exit(1 if page["transfers"] and older_than else 0)
+
+
+@show_app.command("drift")
+def show_drift(api: str = API_URL, as_json: bool = AS_JSON) -> None:
+    """The read API's background drift check: accounts whose balance is not the fold of their history."""
+    report = _show(api, "/drift", as_json)
+    if report is None:
+        return
+    if report.get("enabled") is False:
+        typer.echo("the drift check is off in this read API")
+        return
+    for d in report["drifting"]:
+        typer.echo(f"  {d['account_id']:40} {d['field']}: published {d['published']}, history says {d['folded']}")
+    typer.echo(f"{len(report['drifting'])} drifting account(s) in the last complete pass "
+               f"({report['passes']} pass(es), {report['checked']} checks)")
+    raise typer.Exit(1 if report["drifting"] else 0)
+
+
 @topics_app.command("create")
 def topics_create() -> None:
     """Create the ledger's topics (idempotent) and check they are co-partitioned."""
@@ -223,17 +254,25 @@ def worker(ctx: typer.Context) -> None:
     faust_app.main()
 
 
+PROGRESS = typer.Option(None, "--progress/--no-progress",
+                        help="Progress on stderr (default: when stderr is a terminal).")
+
+
 @app.command()
 def verify(
     wait_s: float = typer.Option(0.0, "--wait", help="First wait up to this many seconds for quiescence."),
+    progress: Optional[bool] = PROGRESS,
 ) -> None:
     """Check the oracles of DESIGN.md §2 over the topics (run it when the ledger is quiescent)."""
+    from connectors.progress import steps, wanted
     from projections.verify import format_report, verify as run_verify, wait_quiescent
 
     settings = _kafka_settings()
-    if wait_s and not wait_quiescent(settings, wait_s):
-        typer.echo(f"warning: the workers have not caught up after {wait_s}s; checking anyway", err=True)
-    report = run_verify(settings)
+    with steps(wanted(progress)) as bars:
+        if wait_s and not wait_quiescent(settings, wait_s,
+                                         on_state=lambda done, end: bars.set("commands decided", done, end)):
+            typer.echo(f"warning: the workers have not caught up after {wait_s}s; checking anyway", err=True)
+        report = run_verify(settings, bars.counting)
     typer.echo(format_report(report))
     raise typer.Exit(0 if report.ok else 1)
 
@@ -510,11 +549,15 @@ def replay(
 @app.command("rebuild-balances")
 def rebuild_balances(
     into_topic: Optional[str] = typer.Option(None, help="Also write the rebuilt views to this new topic."),
+    progress: Optional[bool] = PROGRESS,
 ) -> None:
     """Fold the history topic into balance views and compare them byte for byte with the balances topic."""
+    from connectors.progress import steps, wanted
     from projections.rebuild import rebuild_balances as rebuild
 
-    report = rebuild(_kafka_settings(), into_topic)
+    settings = _kafka_settings()
+    with steps(wanted(progress)) as bars:
+        report = rebuild(settings, into_topic, bars.counting)
     typer.echo(f"{report.accounts} accounts from {report.history_records} history records")
     if report.unreadable:
         typer.echo(f"skipped {report.unreadable} unreadable record(s) on the history and balances topics", err=True)

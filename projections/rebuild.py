@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
@@ -46,11 +47,14 @@ class RebuildReport:
         return self.live_hash == self.rebuilt_hash
 
 
-def rebuild_balances(settings: Settings, into_topic: str | None = None) -> RebuildReport:
+def rebuild_balances(settings: Settings, into_topic: str | None = None,
+                     counted: Callable[[str, Iterable], Iterable] | None = None) -> RebuildReport:
+    """counted(step, records) wraps the reading of each topic (a progress bar)."""
+    counted = counted or (lambda _, records: records)
     c = codec()
-    records = list(read_topic(settings, "history"))
+    records = list(counted("reading history", read_topic(settings, "history")))
     history = [r.value for r in records if r.value is not None]
-    balances = list(read_topic(settings, "balances"))
+    balances = list(counted("reading balances", read_topic(settings, "balances")))
     rebuilt = {a: c.encode("balance", v.record()) for a, v in fold_history(history).items()}
     live_encoded = {a: r.raw for a, r in latest_per_account(balances).items()}
     report = RebuildReport(accounts=len(rebuilt), history_records=len(history),

@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -125,11 +125,14 @@ def _covered(settings: Settings) -> dict[int, int]:
     return covered
 
 
-def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float = 1.5) -> bool:
+def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float = 1.5,
+                   on_state: Callable[[int, int], None] | None = None) -> bool:
     """Wait until the workers have committed every command, follow-ups included, and nothing moves.
 
     Quiescent = the worker group's committed offset equals the end of every commands partition, twice in
     a row settle_s apart (a follow-up command produced meanwhile moves an end and restarts the wait).
+    on_state(decided, end): the commands offsets covered so far and the end, summed over partitions, at
+    each look (for a progress bar).
     """
     group = f"{settings.prefix}workers"
     consumer = Consumer({**settings.kafka_config(), "group.id": group, "enable.auto.commit": False})
@@ -150,6 +153,8 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
             committed = [end if p in lagging and p not in busy else c
                          for p, (c, end) in enumerate(zip(committed, ends))]
             state = (ends, committed)
+            if on_state is not None:
+                on_state(sum(committed), sum(ends))
             if ends == committed and state == previous:
                 return True
             previous = state if ends == committed else None
@@ -160,15 +165,19 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
         consumer.close()
 
 
-def read_streams(settings: Settings) -> Streams:
-    return Streams(commands=list(read_topic(settings, "commands")), results=list(read_topic(settings, "results")),
-                   history=list(read_topic(settings, "history")), balances=list(read_topic(settings, "balances")),
-                   dead_letters=list(read_topic(settings, "dlq")))
+def read_streams(settings: Settings, counted: Callable[[str, Iterable], Iterable] | None = None) -> Streams:
+    """Every topic verify judges; counted(topic, records) wraps each topic's reading (a progress bar)."""
+    def read(name: str) -> list[TopicRecord]:
+        records = read_topic(settings, name)
+        return list(counted(f"reading {name}", records) if counted else records)
+
+    return Streams(commands=read("commands"), results=read("results"), history=read("history"),
+                   balances=read("balances"), dead_letters=read("dlq"))
 
 
-def verify(settings: Settings) -> Report:
+def verify(settings: Settings, counted: Callable[[str, Iterable], Iterable] | None = None) -> Report:
     """Read the ledger's topics and check every oracle over them."""
-    return check(read_streams(settings))
+    return check(read_streams(settings, counted))
 
 
 def check(streams: Streams) -> Report:
