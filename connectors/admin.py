@@ -13,7 +13,11 @@ from streams.config import TOPIC_NAMES, Settings
 # logs that replay and audit read from offset 0, so they are never deleted by age or size.
 TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "balances": {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"},
-    **{name: {"retention.ms": "-1", "retention.bytes": "-1"} for name in TOPIC_NAMES if name != "balances"},
+    # The latest snapshot of each partition's state (streams/snapshot.py): its keys repeat per snapshot, so
+    # compaction keeps one; short segments let it do so soon.
+    "snapshots": {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"},
+    **{name: {"retention.ms": "-1", "retention.bytes": "-1"} for name in TOPIC_NAMES
+       if name not in ("balances", "snapshots")},
 }
 
 

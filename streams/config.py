@@ -19,7 +19,7 @@ from streams import kafka_security
 # straight to stderr, so a process decides how much of them it shows.
 KAFKA_LOG = logging.getLogger("ledger.kafka")
 
-TOPIC_NAMES = ("commands", "results", "balances", "history", "dlq", "changelog")
+TOPIC_NAMES = ("commands", "results", "balances", "history", "dlq", "changelog", "snapshots")
 # How a worker takes command records from its Faust stream: at most BATCH_MAX per batch, waiting at most
 # BATCH_WINDOW_S to fill one (benchmarks/faust_ceiling.py takes them the same way).
 BATCH_MAX = int(os.environ.get("LEDGER_BATCH_MAX", "2000"))

@@ -40,6 +40,7 @@ Any failure in steps 3-5 raises; the worker must then exit without acking (see s
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -53,10 +54,10 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from schemas.codec import codec
-from streams import config, core, metrics
+from streams import config, core, metrics, snapshot
 from streams.crashpoints import reach as crash_point
 from streams.config import Settings
-from streams.partition import Output, PartitionProcessor
+from streams.partition import CHANGELOG_OFFSET_KEY, Output, PartitionProcessor
 from streams.producing import produce
 from streams.seal import Seal
 from streams.authn import Clients
@@ -79,6 +80,44 @@ SERIAL_COMMITS = os.environ.get("LEDGER_SERIAL_COMMITS", "") == "1"
 # The changelog record that closes each transaction: key COVERED_MARK, value the next commands offset covered.
 COVERED_MARK = b"m/covered"
 COVERED_KEY = b"m/covered"  # the same, in the partition's RocksDB
+# Changelog offsets between two snapshots of a partition (0: none). A snapshot bounds what a restore without local
+# state replays; writing one costs a scan of the partition's store inside one commit (docs/engine.md).
+SNAPSHOT_EVERY = int(os.environ.get("LEDGER_SNAPSHOT_EVERY", "100000"))
+SNAPSHOT_KEY = b"m/snapshot"  # in the partition's RocksDB: the changelog offset and chunk count of its last one
+
+
+def _snapshot_mark(offset: int, chunks: int) -> bytes:
+    return json.dumps({"changelog_offset": offset, "chunks": chunks}).encode()
+
+
+class _Reader:
+    """The records of one topic partition from `start`, read_committed, until the partition-EOF event passes
+    `end`. Transaction markers take offsets but yield no record, so progress comes from the EOF event, not
+    from a record's offset. The caller has fenced the partition's transactional id, so no transaction of
+    ours is open; a fenced zombie's is aborted by then, and the broker aborts any other after
+    TRANSACTION_TIMEOUT_MS: wait that long at most. `position` is the next offset after what was read."""
+
+    def __init__(self, consumer: Consumer, topic: str, partition: int, start: int, end: int):
+        self.consumer, self.topic, self.partition, self.start, self.end = consumer, topic, partition, start, end
+        self.position = start
+
+    def __iter__(self):
+        self.consumer.assign([TopicPartition(self.topic, self.partition, self.start or OFFSET_BEGINNING)])
+        deadline = time.monotonic() + TRANSACTION_TIMEOUT_MS / 1000 + 30
+        while self.position <= self.end:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"restoring {self.topic}[{self.partition}]: the log stays open at "
+                                   f"{self.position}, below its end {self.end}")
+            # A short timeout: librdkafka's consume() waits for the full count or the timeout.
+            for msg in self.consumer.consume(10000, timeout=0.1):
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        self.position = max(self.position, msg.offset())
+                        continue
+                    raise RuntimeError(f"restoring {self.topic}[{self.partition}]: {msg.error()}")
+                self.position = max(self.position, msg.offset() + 1)
+                yield msg
+        self.consumer.unassign()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +212,13 @@ class Engine:
         self.covered: dict[int, int] = {}
         self._generation = 0
         self._topics = {name: settings.topic(name) for name in ("results", "history", "balances", "commands",
-                                                                 "dlq", "changelog")}
+                                                                 "dlq", "changelog", "snapshots")}
         # client id -> its own results topic, for the clients that have one (refresh_client_results).
         self.client_results: dict[str, str] = {}
         self.restored_records = 0
         self.skipped_records = 0
+        self.snapshot_loads = 0
+        self.snapshots_written = 0
         self.stats = BatchStats()
         self._pool = ThreadPoolExecutor(max_workers=max(2, min(settings.partitions, 16)),
                                         thread_name_prefix="txn")
@@ -226,22 +267,23 @@ class Engine:
         self.producers[partition] = producer
         return producer
 
-    def _log_end(self, partition: int) -> int:
-        """The changelog partition's log end offset, learnt by writing one record in a transaction that is
-        then aborted (so it advances a lagging high watermark and is never read as state)."""
-        producer, landed = self.producers[partition], []
+    def _log_ends(self, partition: int, names: tuple[str, ...] = ("changelog", "snapshots")) -> dict[str, int]:
+        """The true log end offset of the partition of each named topic, learnt by writing one record to each
+        in a transaction that is then aborted (so it advances a lagging high watermark and is never read)."""
+        producer, landed = self.producers[partition], {}
 
         def on_delivery(err, msg) -> None:
             if err is None:
-                landed.append(msg.offset())
+                landed[msg.topic()] = msg.offset()
 
         producer.begin_transaction()
-        produce(producer, self._topics["changelog"], b"", b"m/log-end", partition=partition, on_delivery=on_delivery)
+        for name in names:
+            produce(producer, self._topics[name], b"", b"m/log-end", partition=partition, on_delivery=on_delivery)
         producer.flush(FLUSH_TIMEOUT_S)
         producer.abort_transaction(FLUSH_TIMEOUT_S)
-        if not landed:
-            raise DeliveryFailed(f"partition {partition}: could not learn the changelog's end")
-        return landed[0]
+        if len(landed) != len(names):
+            raise DeliveryFailed(f"partition {partition}: could not learn the log ends of {', '.join(names)}")
+        return {name: landed[self._topics[name]] for name in names}
 
     def _wipe(self, partition: int) -> PartitionProcessor:
         """Drop the partition's local store (it is only a cache of the changelog) and start an empty one."""
@@ -250,6 +292,91 @@ class Engine:
             proc.state.store.close()
         shutil.rmtree(self.data_dir / f"p{partition}", ignore_errors=True)
         return self.processor(partition)
+
+    def _read_committed(self, consumer: Consumer, name: str, partition: int, start: int, end: int) -> "_Reader":
+        return _Reader(consumer, self._topics[name], partition, start, end)
+
+    def _restore_snapshot(self, consumer: Consumer, partition: int, ends: dict[str, int], start: int,
+                          low: int) -> tuple[PartitionProcessor, int]:
+        """Load the partition's latest committed snapshot into an emptied store when it is ahead of `start` and
+        the changelog continues it (streams/snapshot.py). Returns the processor and where the changelog's
+        replay starts. A snapshot that claims more than the changelog holds is refused; a stale one only
+        costs replay time."""
+        proc = self.processor(partition)
+        found = self._read_snapshot(consumer, partition, ends["snapshots"])
+        if found is None:
+            return proc, start
+        manifest, chunks = found
+        offset = manifest.changelog_offset
+        if offset > ends["changelog"]:
+            log.warning("partition %d: refused a snapshot that claims changelog offset %d, beyond the changelog's "
+                        "end %d", partition, offset, ends["changelog"])
+            return proc, start
+        if offset <= start or offset < low:
+            return proc, start  # the store is as far, or the changelog cannot continue the snapshot
+        proc = self._wipe(partition)
+        store, batch, pairs = proc.state.store, {}, 0
+        try:
+            for key, value in snapshot.decode(manifest, chunks):
+                batch[key] = value
+                if len(batch) >= 10_000:
+                    store.write(batch, set())
+                    pairs, batch = pairs + len(batch), {}
+        except snapshot.SnapshotError as exc:
+            log.warning("partition %d: refused a snapshot: %s", partition, exc)
+            return self._wipe(partition), 0
+        store.write({**batch, CHANGELOG_OFFSET_KEY: str(offset).encode(), COVERED_KEY: str(manifest.covered).encode(),
+                     SNAPSHOT_KEY: _snapshot_mark(offset, manifest.chunks)}, set())
+        proc.state.discard()  # caches and the expiry heap are rebuilt from the store
+        self.snapshot_loads += 1
+        log.info("partition %d: loaded the snapshot at changelog offset %d (%d pairs in %d chunks)", partition,
+                 offset, pairs + len(batch), manifest.chunks)
+        return proc, offset
+
+    def _read_snapshot(self, consumer: Consumer, partition: int, end: int) -> tuple[snapshot.Manifest, dict] | None:
+        """The latest committed snapshot of the partition: the last value of each key up to the end."""
+        latest: dict[bytes, bytes | None] = {}
+        for msg in self._read_committed(consumer, "snapshots", partition, 0, end):
+            latest[msg.key() or b""] = msg.value()
+        raw = latest.pop(snapshot.MANIFEST_KEY, None)
+        if raw is None:
+            return None
+        try:
+            manifest = snapshot.Manifest.decode(raw)
+        except snapshot.SnapshotError as exc:
+            log.warning("partition %d: refused a snapshot: %s", partition, exc)
+            return None
+        chunks = {}
+        for key, value in latest.items():
+            number = key[len(snapshot.CHUNK_PREFIX):]
+            if key.startswith(snapshot.CHUNK_PREFIX) and number.isdigit() and value is not None:
+                chunks[int(number)] = value
+        return manifest, chunks
+
+    def _snapshot_due(self, p: int, offset: int) -> bool:
+        if SNAPSHOT_EVERY <= 0:
+            return False
+        raw = self.processors[p].state.store.get(SNAPSHOT_KEY)
+        last = 0 if raw is None else json.loads(raw)["changelog_offset"]
+        return offset - last >= SNAPSHOT_EVERY
+
+    def _send_snapshot(self, p: int, producer: Producer, offset: int) -> bytes:
+        """Into the partition's open transaction: the store as it is committed (changelog below `offset`), and
+        tombstones for the previous snapshot's extra chunks. Returns the store's new snapshot mark."""
+        store = self.processors[p].state.store
+        raw = store.get(SNAPSHOT_KEY)
+        previous_chunks = 0 if raw is None else json.loads(raw)["chunks"]
+        manifest, chunks = snapshot.encode(store.scan(b""), offset, self.covered.get(p, 0))
+        topic = self._topics["snapshots"]
+        for n, chunk in enumerate(chunks):
+            produce(producer, topic, chunk, snapshot.chunk_key(n), partition=p)
+        for n in range(len(chunks), previous_chunks):
+            produce(producer, topic, None, snapshot.chunk_key(n), partition=p)
+        produce(producer, topic, manifest.encode(), snapshot.MANIFEST_KEY, partition=p)
+        self.snapshots_written += 1
+        log.info("partition %d: snapshot at changelog offset %d (%d pairs in %d chunks)", p, offset,
+                 manifest.pairs, manifest.chunks)
+        return _snapshot_mark(offset, manifest.chunks)
 
     def restore(self, partition: int) -> int:
         """Step 1 for one partition (blocking; run it in a thread). Returns the next changelog offset."""
@@ -271,7 +398,8 @@ class Engine:
             # restore that stopped there would miss committed transactions: their commands would be decided a
             # second time. So write one record in a transaction that is then aborted: no read_committed reader
             # ever sees it, the write moves the high watermark to the log's end, and its offset is that end.
-            end = self._log_end(partition)
+            ends = self._log_ends(partition)
+            end = ends["changelog"]
             low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
             if start > end:
                 # The store claims changelog records the topic does not hold (the topic was recreated, or the
@@ -281,32 +409,23 @@ class Engine:
                             "%d); refused: wiping it and restoring from the changelog", partition, start, end)
                 proc = self._wipe(partition)
                 start = 0
+            if start == 0 or start < low:
+                # No local state, or the changelog no longer holds where it stops: start from the latest
+                # snapshot that the changelog can continue.
+                proc, start = self._restore_snapshot(consumer, partition, ends, start, low)
+            if start < low:
+                raise RuntimeError(f"restoring partition {partition}: the changelog starts at offset {low}, the "
+                                   f"state needs it from {start}, and no snapshot covers the gap (the changelog's "
+                                   f"retention must keep what follows the latest snapshot: docs/engine.md)")
             records: list[bytes] = []
             covered = None
-            position = start
-            consumer.assign([TopicPartition(topic, partition, max(start, low) if start else OFFSET_BEGINNING)])
-            # read_committed stops at the last stable offset; transaction markers take offsets but yield no
-            # record, so progress is known from the partition-EOF event, not from a record's offset. Reading
-            # is done once past our aborted record: every transaction before it is decided by then. After
-            # _fence no transaction of ours is open; a fenced zombie's is aborted by then, and the broker
-            # aborts any other after TRANSACTION_TIMEOUT_MS: wait that long at most.
-            deadline = time.monotonic() + TRANSACTION_TIMEOUT_MS / 1000 + 30
-            while position <= end:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"restoring partition {partition}: the changelog stays open at "
-                                       f"{position}, below its end {end}")
-                # A short timeout: librdkafka's consume() waits for the full count or the timeout.
-                for msg in consumer.consume(10000, timeout=0.1):
-                    if msg.error():
-                        if msg.error().code() == KafkaError._PARTITION_EOF:
-                            position = max(position, msg.offset())
-                            continue
-                        raise RuntimeError(f"restoring partition {partition}: {msg.error()}")
-                    if msg.key() == COVERED_MARK:
-                        covered = int(msg.value())
-                    else:
-                        records.append(msg.value())
-                    position = max(position, msg.offset() + 1)
+            reader = self._read_committed(consumer, "changelog", partition, start, end)
+            for msg in reader:
+                if msg.key() == COVERED_MARK:
+                    covered = int(msg.value())
+                else:
+                    records.append(msg.value())
+            position = max(start, reader.position)
             if records:
                 crash_point("during_restore", f"partition {partition}, {len(records)} changelog records read")
             meta = {} if covered is None else {COVERED_KEY: str(covered).encode()}
@@ -376,12 +495,16 @@ class Engine:
         """Steps 3-5 (blocking) for the partitions in upto (partition: next commands offset decided).
         owned: the next changelog offset of each partition, moved on in place."""
         batches = {p: self.processors[p].take() for p in upto}
+        marks: dict[int, dict[bytes, bytes]] = {}
         for p, (outputs, _) in batches.items():  # 3.
             producer = self.producers[p]
             try:
                 producer.begin_transaction()
             except KafkaException as exc:
                 self._raise(p, exc)
+            marks[p] = {COVERED_KEY: str(upto[p]).encode()}
+            if self._snapshot_due(p, owned[p]):
+                marks[p][SNAPSHOT_KEY] = self._send_snapshot(p, producer, owned[p])
             self._send(outputs, producer)
         self._map(self._flush_outputs, batches)
         crash_point("after_outputs", batches)
@@ -393,7 +516,7 @@ class Engine:
             crash_point("before_write", p)
             # Past the mark: the transaction's commit marker follows it; a restore from there reads it as
             # nothing.
-            state.commit(last[p] + 1, {COVERED_KEY: str(upto[p]).encode()})
+            state.commit(last[p] + 1, marks[p])
             crash_point("after_write", p)
             self.covered[p] = upto[p]
             owned[p] = last[p] + 1
