@@ -283,6 +283,11 @@ class PartitionState:
         raw = self._get(b"e/" + key.encode())
         return None if raw is None else json.loads(raw)
 
+    def staged_accounts(self) -> list[Account]:
+        """The latest staged version of every account written since the last commit (undone commands
+        leave none: their writes are no longer staged)."""
+        return [self.account(key[2:].decode()) for key in self._puts if key[:2] == b"a/"]
+
     @property
     def has_staged(self) -> bool:
         return bool(self._puts or self._deletes)
@@ -734,8 +739,8 @@ class PartitionProcessor:
                       history: tuple = (), records: list[tuple[str, Any]] = (),
                       transactions: list[core.PostedTransaction] = ()) -> None:
         """Stage one decided command (its StateChange) and queue its outputs: the result, one history entry
-        per change, the new balance of each changed account. records: engine records (key, JSON value or
-        None to delete) written in the same StateChange."""
+        per change (the new balance of each changed account is queued once per batch, by take()). records:
+        engine records (key, JSON value or None to delete) written in the same StateChange."""
         encoded_result = self._codec.encode("result", wire_result)
         self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
         for account in accounts:
@@ -767,9 +772,6 @@ class PartitionProcessor:
             value = self._codec.encode("history", history_to_wire(entry, currency[entry.account_id], command_id,
                                                                   client_id))
             self._output(Output("history", entry.account_id.encode(), value, self.partition, at))
-        for account in accounts:
-            self._output(Output("balances", account.id.encode(),
-                                self._codec.encode("balance", balance_to_wire(account)), self.partition, at))
 
     def answer_again(self, stored: dict[str, Any]) -> None:
         """A command already in the inbox (its StateChange): its original result, flagged as a duplicate."""
@@ -820,7 +822,15 @@ class PartitionProcessor:
 
     # Batch boundaries --------------------------------------------------------------------------------------
     def take(self) -> tuple[list[Output], list[bytes]]:
-        """The batch's outputs and changelog records, emptied for the next batch."""
+        """The batch's outputs and changelog records, emptied for the next batch. The balances topic gets
+        one record per account the batch changed, its latest version: the topic is compacted to the latest
+        view per account anyway, and history keeps every change. Which intermediate versions a reader could
+        have seen depends on where batches were cut (like the grouping of follow-up commands); the last one
+        of a batch always equals the fold of history at its seq."""
+        for account in self.state.staged_accounts():
+            self.outputs.append(Output("balances", account.id.encode(),
+                                       self._codec.encode("balance", balance_to_wire(account)), self.partition,
+                                       account.updated_at_ms))
         outputs, changelog = self.outputs, self.changelog
         self.outputs, self.changelog = [], []
         return outputs, changelog
