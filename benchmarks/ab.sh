@@ -62,7 +62,7 @@ run() {  # tree label -> the figure on stdout; the run's output in $WORK/label.l
   grep -oP "$PATTERN" "$WORK/$label.log" | head -1 | sed -E "s/$PATTERN/\\1/" | tr -d ,
 }
 
-declare -a A B
+A=(); B=()
 order=(rev head)
 [ "${AB_ROUNDS:-1}" -ge 2 ] && order=(rev head head rev)
 for side in "${order[@]}"; do
