@@ -39,6 +39,8 @@ Amount = int | str  # int: minor units; str: an exact decimal in major units ("0
 Rounding = Literal["exact", "down", "up"]
 
 DEFAULT_CLIENT_ID = "rules"
+# The metadata keys that record which rule, at which version, posted a transaction (read back by the API).
+RULE_KEY, RULE_VERSION_KEY = "rule", "rule_version"
 # Rejections that mean "too early, the command it depends on has not been applied yet".
 ORDERING_REASONS = frozenset({"unknown_hold", "unknown_account"})
 # Rejections that mean "try again later": the engine remembers every decision, so a later try is the next
@@ -134,6 +136,8 @@ class Context:
     # arrives after the expiry still posts (a late settlement, docs/rules.md).
     order_ttl_ms: int = 30 * 24 * 3600 * 1000
     withdrawal_ttl_ms: int = 7 * 24 * 3600 * 1000
+    # The registered markets (connectors.markets.Market): a pair without one keeps exact arithmetic.
+    markets: tuple[Any, ...] = ()
 
 
 DEFAULT_CONTEXT = Context()
@@ -185,7 +189,8 @@ class WithdrawalFailed:
 
 @dataclass(frozen=True, slots=True)
 class OrderPlaced:
-    """A limit order. A buy holds qty x limit_price of quote; a sell holds qty of base."""
+    """A limit or market order. A limit buy holds qty x limit_price of quote (rounded by its market, if one is
+    registered); a market buy (no limit_price) holds its quote ``budget``; a sell holds qty of base."""
 
     order_id: str
     user: str
@@ -197,6 +202,7 @@ class OrderPlaced:
     expires_at_ms: int | None = None
     attempt: int = 1
     occurred_at_ms: int | None = None  # when the order was placed; with no expires_at_ms, the expiry policy counts from it
+    budget: Amount | None = None  # a market buy: the most quote it may spend (held; the rest returns at the close)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +305,20 @@ def custody_account(currency: str) -> str:
 
 def fee_account(currency: str) -> str:
     return f"sys:fees:{currency}"
+
+
+def rounding_account(currency: str) -> str:
+    """What buyers paid above what sellers received on a market's rounded fills (the exchange's)."""
+    return f"sys:rounding:{currency}"
+
+
+def _market(ctx: Context, base: Currency, quote: Currency) -> Any:
+    """The pair's registered market (validated against the currencies), or None."""
+    for market in ctx.markets:
+        if market.base == base.code and market.quote == quote.code:
+            market.currencies(ctx.currencies)
+            return market
+    return None
 
 
 def liquidity_account(currency: str) -> str:
@@ -492,7 +512,7 @@ class RuleSpec:
     build: Callable[[Any, Context, "RuleSpec"], tuple[Routed, ...]]
 
     def meta(self, attempt: int, **fields: str) -> dict[str, str]:
-        meta = {"rule": self.name, "rule_version": str(self.version), **fields}
+        meta = {RULE_KEY: self.name, RULE_VERSION_KEY: str(self.version), **fields}
         if attempt > 1:
             meta["attempt"] = str(attempt)
         return meta
@@ -576,24 +596,36 @@ def _pair(base: Any, quote: Any, ctx: Context) -> tuple[Currency, Currency]:
     return b, q
 
 
-@rule("order_placed", 1, OrderPlaced)
+@rule("order_placed", 2, OrderPlaced)
 def _order_placed(e: OrderPlaced, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
-    """Hold what the order may spend: qty x limit price of quote for a buy (exact), qty of base for a sell."""
+    """Hold what the order may spend: for a limit buy qty x limit price of quote (exact, or as its market
+    rounds it, plus the market's margin), for a market buy its budget, for a sell qty of base.
+    v2: markets (lot, tick, rounding) and market buys."""
     oid = _business_id(e.order_id, "order_id")
     user = _user(e.user, "user")
     side = _side(e.side)
     base, quote = _pair(e.base, e.quote, ctx)
     qty = to_minor(e.qty, base, "qty")
-    if side == "buy":
-        if e.limit_price is None:
-            raise InvalidEvent("limit_price", "a buy order needs a limit price to know what to hold")
-        amount = convert(qty, base, quote, ratio(e.limit_price, "limit_price"), "exact", "limit_price")
+    market = _market(ctx, base, quote)
+    if market is not None:
+        market.lots(qty, base)
+    if side == "buy" and e.limit_price is None:
+        if e.budget is None:
+            raise InvalidEvent("limit_price", "a buy needs a limit price or, as a market order, a budget")
+        amount, account = to_minor(e.budget, quote, "budget"), user_account(user, quote.code)
+    elif e.budget is not None:
+        raise InvalidEvent("budget", "only a market buy (no limit price) holds a budget")
+    elif side == "buy":
+        if market is not None:
+            amount = market.reservation(qty, e.limit_price, base, quote)
+        else:
+            amount = convert(qty, base, quote, ratio(e.limit_price, "limit_price"), "exact", "limit_price")
         if amount == 0:
             raise InvalidAmount("limit_price", "qty x limit price is zero")
         account = user_account(user, quote.code)
     else:
-        if e.limit_price is not None:
-            ratio(e.limit_price, "limit_price")  # validated, not needed: a sell holds its base quantity
+        if e.limit_price is not None:  # validated, not needed: a sell holds its base quantity
+            market.price(e.limit_price, "limit_price") if market is not None else ratio(e.limit_price, "limit_price")
         amount, account = qty, user_account(user, base.code)
     cid = _command_id(spec.name, oid, _attempt(e.attempt))
     return (_place_hold(ctx, cid, order_hold(oid), account, amount,
@@ -642,8 +674,13 @@ def _trade(e: TradeExecuted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]
         raise InvalidEvent("maker", f"must be 'buyer' or 'seller', got {e.maker!r}")
     rounding = _rounding(e.fee_rounding, "fee_rounding")
     qty = to_minor(e.qty, base, "qty")
-    price = ratio(e.price, "price")
-    notional = convert(qty, base, quote, price, "exact", "price")
+    market = _market(ctx, base, quote)
+    if market is not None:  # each side's amount rounded its own way, the difference to sys:rounding:<quote>
+        fill = market.fill(qty, e.price, base, quote)
+        pays, notional, dust = fill.buyer_pays, fill.seller_gets, fill.dust
+    else:
+        notional = convert(qty, base, quote, ratio(e.price, "price"), "exact", "price")
+        pays, dust = notional, 0
     if notional == 0:
         raise InvalidAmount("price", "qty x price is zero")
     maker_rate = ratio(e.maker_fee_rate, "maker_fee_rate", allow_zero=True)
@@ -661,9 +698,10 @@ def _trade(e: TradeExecuted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]
         return None if party.user is None else order_hold(party.order_id)
 
     q, b = quote.code, base.code
-    legs = [_leg(acct(buyer, quote), -notional, q, hold(buyer)),
+    legs = [_leg(acct(buyer, quote), -pays, q, hold(buyer)),
             _leg(acct(seller, quote), notional - seller_fee, q),
             _leg(fee_account(q), seller_fee, q),
+            _leg(rounding_account(q), dust, q),
             _leg(acct(seller, base), -qty, b, hold(seller)),
             _leg(acct(buyer, base), qty - buyer_fee, b),
             _leg(fee_account(b), buyer_fee, b)]
@@ -671,6 +709,10 @@ def _trade(e: TradeExecuted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]
                      maker=e.maker, buyer_order=buyer.order_id or "bot", seller_order=seller.order_id or "bot",
                      buyer_fee=str(buyer_fee), seller_fee=str(seller_fee), fee_rounding=rounding,
                      **_settling(**{CAPTURE_KEY: PARTIAL}))
+    if market is not None:  # how this fill was rounded, on the transaction itself
+        meta.update(market=market.symbol, notional=f"{fill.notional[0]}/{fill.notional[1]}",
+                    buyer_pays=str(pays), seller_gets=str(notional), rounding_dust=str(dust),
+                    pay_rounding=market.pay_rounding, receive_rounding=market.receive_rounding)
     cid = _command_id(spec.name, tid, _attempt(e.attempt))
     return (_transaction(ctx, cid, legs, kind="trade", reference=tid, metadata=meta,
                          occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms")),)

@@ -47,7 +47,9 @@ from projections.access import ApiTokens, TokenGate
 from projections.db import display
 from projections.drift import CHECK_EVERY_S as DRIFT_EVERY_S, DriftChecker, run as run_drift
 from projections.metrics import ReadSideCollector, StatsCache, money, transfers_older_than
+from connectors.rules import RULE_KEY, RULE_VERSION_KEY
 from projections.store import Store
+from projections.worker_metrics import WorkerMetrics, endpoints
 from streams import routing
 from streams.config import Settings
 
@@ -118,7 +120,17 @@ def _entry(row) -> dict[str, Any]:
             "held_after": money(int(row["held_after"]), cur), "transaction_id": row["transaction_id"],
             "kind": row["kind"], "reference": row["reference"], "hold_id": row["hold_id"],
             "occurred_at_ms": row["occurred_at_ms"], "at_ms": row["at_ms"], "client_id": row["client_id"],
-            "command_id": row["command_id"]}
+            "command_id": row["command_id"], **_why(row)}
+
+
+def _why(row) -> dict[str, Any]:
+    """Why the money moved: the transaction's links, metadata, the rule and version that posted it (from its
+    metadata) and its FX rate snapshot. A store not yet migrated by its projector has none of them."""
+    if "links" not in row.keys():
+        return {"links": [], "metadata": {}, "rule": None, "rule_version": None, "rate_snapshot_id": None}
+    metadata = json.loads(row["metadata"])
+    return {"links": json.loads(row["links"]), "metadata": metadata, "rule": metadata.get(RULE_KEY),
+            "rule_version": metadata.get(RULE_VERSION_KEY), "rate_snapshot_id": row["rate_snapshot_id"]}
 
 
 def _result(row) -> dict[str, Any]:
@@ -383,16 +395,20 @@ def _answer_errors_as_json(app: FastAPI) -> None:
 
 def create_app(target: str | Path, settings: Settings | None = None, *, projector: bool = False,
                min_seq_timeout_s: float = 5.0, read_threads: int = READ_THREADS, poll_s: float = POLL_S,
-               drift_every_s: float = DRIFT_EVERY_S, tokens: ApiTokens | None = None) -> FastAPI:
+               drift_every_s: float = DRIFT_EVERY_S, tokens: ApiTokens | None = None,
+               worker_metrics: list[str] | None = None) -> FastAPI:
     """The API over the store `target` (a SQLite path or a postgresql:// URL). projector=True also runs the
     projector in a thread (needs settings). drift_every_s > 0 runs the background drift check
     (projections/drift.py) at that pace. tokens: who may read what (projections/access.py); None: those of
-    LEDGER_API_TOKENS, or open when it is not set. The routes ask the store and format its rows; nothing else."""
+    LEDGER_API_TOKENS, or open when it is not set. worker_metrics: the workers' /metrics URLs for the dashboard's
+    latency and lag per partition (None: LEDGER_WORKER_METRICS). The routes ask the store and format its rows;
+    nothing else."""
     # The writer creates the schema; a reader needs it to exist before its first query.
     Store(target, settings.prefix if settings else None).close()
     readers = Readers(target, read_threads)
     drift = DriftChecker() if drift_every_s > 0 else None
-    stats = StatsCache(Store(target, readonly=True), drift=drift)
+    stats = StatsCache(Store(target, readonly=True), drift=drift,
+                       workers=WorkerMetrics(endpoints() if worker_metrics is None else worker_metrics))
     hub = Hub(readers, stats, poll_s)
     registry = CollectorRegistry()
     registry.register(ReadSideCollector(stats))
@@ -486,10 +502,28 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
             if not entries and not results:
                 raise ApiError(404, "unknown_transaction", f"no transaction {transaction_id!r} in the read store")
             clearing = fold.in_clearing(entries)
-            return {"transaction_id": transaction_id, "status": fold.transaction_status(entries, results),
+            first = next((e for e in entries if e["amount"] != "0"), None)
+            why = {} if first is None else {"kind": first["kind"], "reference": first["reference"],
+                                            "occurred_at_ms": first["occurred_at_ms"], **_why(first)}
+            return {"transaction_id": transaction_id, "status": fold.transaction_status(entries, results), **why,
+                    "linked_by": store.linked_to(transaction_id),
                     "legs": [_entry(e) for e in entries if e["amount"] != "0"],
                     "in_clearing": [money(v, c) for c, v in sorted(clearing.items()) if v],
                     "results": [_result(r) for r in results if r["client_id"] != routing.ENGINE_CLIENT]}
+
+        return await answer(body)
+
+    @app.get("/history", summary="History entries of the transactions that link to a transaction (link=) or "
+                                 "of its whole flow (flow=): it and everything linked to it, either way",
+             responses=_errors(422))
+    async def get_linked_history(link: str | None = Query(None, min_length=1),
+                                 flow: str | None = Query(None, min_length=1)):
+        def body(store: Store) -> dict[str, Any]:
+            if (link is None) == (flow is None):
+                raise ApiError(422, "invalid_parameter", "give exactly one of link= and flow=")
+            ids = store.linked_to(link) if link is not None else store.flow(flow)
+            return {"link": link, "flow": flow, "transactions": ids,
+                    "entries": [_entry(e) for e in store.entries_of(ids) if e["amount"] != "0"]}
 
         return await answer(body)
 

@@ -52,7 +52,8 @@ from projections import db
 from projections.fold import newer_hold, sum_shards
 from projections.store import (ADVANCE_OFFSET, HISTORY_COLUMNS, HISTORY_FIELDS, HOLD_COLUMNS, KEEP_RESULT,
                                REPLACE_ACCOUNT, REPLACE_HOLD, REPLACE_META, REPLACE_RESULT, REPLACE_SUM,
-                               REPLACE_VIEW, RESULT_COLUMNS, SCHEMA_INDEXES, SCHEMA_TABLES, refold_by_time)
+                               REPLACE_VIEW, RESULT_COLUMNS, SCHEMA_INDEXES, SCHEMA_TABLES, history_detail,
+                               index_links, refold_by_time)
 from schemas.codec import DecodeError, codec
 from streams import routing
 from streams.config import Settings
@@ -193,7 +194,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                     if state is None:
                         posted = int(v["amount"])
                         seen[account] = [[[seq, seq]], occ, posted, at]
-                        history_rows.append(_history_row(v) + (str(posted), v["held_after"]))
+                        history_rows.append(_history_row(v) + (str(posted), v["held_after"]) + history_detail(v))
                         continue
                     ranges = state[0]
                     last = ranges[-1]
@@ -205,14 +206,15 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                         if account not in refold and occ >= state[1] and at >= state[3]:
                             state[2] += int(v["amount"])
                             state[1], state[3] = occ, at
-                            history_rows.append(_history_row(v) + (str(state[2]), v["held_after"]))
+                            history_rows.append(_history_row(v) + (str(state[2]), v["held_after"]) +
+                                                history_detail(v))
                             continue
                     elif _contains(ranges, seq):
                         continue  # a re-emitted entry: the store keeps the first
                     else:
                         _add(ranges, seq)
                     refold.add(account)  # out of order: its folds by time are recomputed at the end
-                    history_rows.append(_history_row(v) + ("0", "0"))
+                    history_rows.append(_history_row(v) + ("0", "0") + history_detail(v))
                 elif topic == "results":
                     if v["duplicate"]:
                         continue  # answers an original decision that is earlier in the log
@@ -392,6 +394,8 @@ def _finish(conn, settings: Settings, loaded: list[Loaded], parts: list[str]) ->
         conn.execute("DETACH DATABASE part")
     if not conn.postgres:
         refold_by_time(conn, sorted(refold))
+    with db.transaction(conn):
+        index_links(conn)
     version = 1
     accounts, sums = [], defaultdict(int)
     groups: dict[str, list[dict]] = defaultdict(list)

@@ -64,12 +64,19 @@ CREATE TABLE IF NOT EXISTS history (account_id TEXT NOT NULL, seq BIGINT NOT NUL
     currency TEXT NOT NULL, amount TEXT NOT NULL, posted_after TEXT NOT NULL, held_after TEXT NOT NULL,
     transaction_id TEXT, kind TEXT NOT NULL, reference TEXT, hold_id TEXT, occurred_at_ms BIGINT NOT NULL,
     at_ms BIGINT NOT NULL, command_id TEXT NOT NULL, client_id TEXT NOT NULL,
-    posted_by_time TEXT NOT NULL, held_by_time TEXT NOT NULL, PRIMARY KEY (account_id, seq)) WITHOUT ROWID;
+    posted_by_time TEXT NOT NULL, held_by_time TEXT NOT NULL,
+    links TEXT NOT NULL DEFAULT '[]', metadata TEXT NOT NULL DEFAULT '{}', rate_snapshot_id TEXT,
+    PRIMARY KEY (account_id, seq)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS history_transaction ON history (transaction_id) WHERE transaction_id IS NOT NULL;
 -- Balances as of a time in one lookup each (fold.by_time): the last entry at or before T in business-time
 -- order carries Σ amounts so far (posted_by_time), in log-time order the held amount then (held_by_time).
 CREATE INDEX IF NOT EXISTS history_business_time ON history (account_id, occurred_at_ms, seq);
 CREATE INDEX IF NOT EXISTS history_log_time ON history (account_id, at_ms, seq);
+-- Which transactions link to which (a reversal or a refund to what it undoes): derived from history's links,
+-- for the API's filters by link and by flow.
+CREATE TABLE IF NOT EXISTS transaction_links (link TEXT NOT NULL, transaction_id TEXT NOT NULL,
+    PRIMARY KEY (link, transaction_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS transaction_links_back ON transaction_links (transaction_id);
 -- The decision for each command (duplicates answer the original and are not stored).
 CREATE TABLE IF NOT EXISTS results (client_id TEXT NOT NULL, command_id TEXT NOT NULL, outcome TEXT NOT NULL,
     reason TEXT, detail TEXT NOT NULL, transaction_id TEXT, at_ms BIGINT NOT NULL, holds TEXT NOT NULL,
@@ -93,7 +100,9 @@ HISTORY_FIELDS = ("account_id", "seq", "entry_id", "currency", "amount", "posted
                   "client_id")
 # The prefix folds by time (fold.by_time) kept on every history row: derived from the history rows themselves.
 BY_TIME = ("posted_by_time", "held_by_time")
-HISTORY_COLUMNS = HISTORY_FIELDS + BY_TIME
+# Why the money moved (after BY_TIME: a store from before them gets them appended by ALTER TABLE, in this order).
+DETAIL = ("links", "metadata", "rate_snapshot_id")
+HISTORY_COLUMNS = HISTORY_FIELDS + BY_TIME + DETAIL
 RESULT_COLUMNS = ("client_id", "command_id", "outcome", "reason", "detail", "transaction_id", "at_ms", "holds")
 HOLD_COLUMNS = ("hold_id", "account_id", "amount", "captured", "released", "status", "expires_at_ms",
                 "updated_at_ms")
@@ -114,6 +123,29 @@ def upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...], update: b
 
 
 INSERT_HISTORY = upsert("history", HISTORY_COLUMNS, ("account_id", "seq"), update=False)
+INSERT_LINK = upsert("transaction_links", ("link", "transaction_id"), ("link", "transaction_id"), update=False)
+# A flow (River's word): a transaction and every transaction linked to it, either way, transitively. Bounded,
+# so a pathological chain cannot make one request walk the whole ledger.
+FLOW_LIMIT = 1_000
+
+
+def history_detail(v: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    """The DETAIL columns of a decoded history record: links and metadata as canonical JSON (metadata keeps
+    the order the wire gives it, sorted by key), so a live store and a rebuilt one hold the same text."""
+    return (json.dumps(v.get("links") or [], separators=(",", ":")),
+            json.dumps(v.get("metadata") or {}, separators=(",", ":")), v.get("rate_snapshot_id"))
+
+
+def link_rows(v: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(link, transaction_id) of a decoded history record's links."""
+    return [(link, v["transaction_id"]) for link in v.get("links") or () if v["transaction_id"] is not None]
+
+
+def index_links(conn: Connection) -> None:
+    """Rebuild transaction_links from history (a bulk load writes history rows only)."""
+    rows = conn.execute("SELECT DISTINCT transaction_id, links FROM history "
+                        "WHERE transaction_id IS NOT NULL AND links <> '[]'").fetchall()
+    conn.executemany(INSERT_LINK, [(link, r[0]) for r in rows for link in json.loads(r[1])])
 SET_BY_TIME = "UPDATE history SET posted_by_time = ?, held_by_time = ? WHERE account_id = ? AND seq = ?"
 REPLACE_RESULT = upsert("results", RESULT_COLUMNS, ("client_id", "command_id"))
 KEEP_RESULT = upsert("results", RESULT_COLUMNS, ("client_id", "command_id"), update=False)
@@ -161,6 +193,7 @@ class Store:
         if not readonly:
             db.create_tables(self.conn, SCHEMA_TABLES)
             self._add_by_time_columns()
+            self._add_detail_columns()
             db.create_tables(self.conn, SCHEMA_INDEXES)
             if prefix is not None:
                 self._bind_prefix(prefix)
@@ -174,6 +207,17 @@ class Store:
             for column in BY_TIME:
                 self.conn.execute(f"ALTER TABLE history ADD COLUMN {column} TEXT NOT NULL DEFAULT '0'")
             refold_by_time(self.conn, [r[0] for r in self.conn.execute("SELECT DISTINCT account_id FROM history")])
+
+    def _add_detail_columns(self) -> None:
+        """A store written before history carried links, metadata and the rate snapshot gets the columns
+        (empty for the entries it has: their records carried none)."""
+        columns = [d[0] for d in self.conn.execute("SELECT * FROM history LIMIT 0").description]
+        if "links" in columns:
+            return
+        with transaction(self.conn):
+            self.conn.execute("ALTER TABLE history ADD COLUMN links TEXT NOT NULL DEFAULT '[]'")
+            self.conn.execute("ALTER TABLE history ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'")
+            self.conn.execute("ALTER TABLE history ADD COLUMN rate_snapshot_id TEXT")
 
     def _bind_prefix(self, prefix: str) -> None:
         row = self.conn.execute("SELECT value FROM meta WHERE key = 'prefix'").fetchone()
@@ -238,7 +282,7 @@ class Store:
             by_account[v["account_id"]].setdefault(v["seq"], v)
         cached = self._tails
         tails = time_tails(self.conn, [a for a in by_account if a not in cached])
-        rows, refold = [], []
+        rows, refold, links = [], [], []
         for account_id, items in by_account.items():
             max_seq, occ, posted, at = cached.get(account_id) or tails.get(account_id, (0, None, 0, None))
             in_order = True
@@ -253,13 +297,17 @@ class Store:
                     by_time = (str(posted), v["held_after"])
                 else:
                     by_time = ("0", "0")  # recomputed below, after the insert
-                rows.append(tuple(v[f] for f in HISTORY_FIELDS) + by_time)
+                rows.append(tuple(v[f] for f in HISTORY_FIELDS) + by_time + history_detail(v))
+                if v.get("links"):
+                    links += link_rows(v)
             if not in_order:
                 refold.append(account_id)
                 self._tails.pop(account_id, None)  # read back after the refold when next needed
             else:
                 self._new_tails[account_id] = (max_seq, occ, posted, at)
         self.conn.executemany(INSERT_HISTORY, rows)
+        if links:
+            self.conn.executemany(INSERT_LINK, links)
         refold_by_time(self.conn, refold)
 
     def _apply_results(self, results: list[dict]) -> None:
@@ -458,6 +506,30 @@ class Store:
             held += int(row[0]) if row else 0
         return posted, held
 
+    def linked_to(self, transaction_id: str) -> list[str]:
+        """The transactions whose links name transaction_id (its reversals, refunds ...), by id."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT transaction_id FROM transaction_links WHERE link = ? ORDER BY transaction_id", (transaction_id,))]
+
+    def flow(self, transaction_id: str) -> list[str]:
+        """transaction_id and every transaction linked to it either way, transitively (at most FLOW_LIMIT),
+        sorted by id."""
+        seen, todo = {transaction_id}, [transaction_id]
+        while todo and len(seen) < FLOW_LIMIT:
+            tx = todo.pop()
+            near = self.linked_to(tx) + [r[0] for r in self.conn.execute(
+                "SELECT link FROM transaction_links WHERE transaction_id = ?", (tx,))]
+            for other in near:
+                if other not in seen and len(seen) < FLOW_LIMIT:
+                    seen.add(other)
+                    todo.append(other)
+        return sorted(seen)
+
+    def entries_of(self, transaction_ids: list[str]) -> list:
+        """The history entries of these transactions, in log order."""
+        return sorted(self._rows_where_in("SELECT * FROM history", "transaction_id", transaction_ids),
+                      key=lambda r: (r["at_ms"], r["transaction_id"], r["account_id"], r["seq"]))
+
     def holds_of(self, account_id: str, open_only: bool) -> list:
         """The holds on an account (only the open ones with open_only), by hold id."""
         sql = "SELECT * FROM holds WHERE account_id = ?" + (" AND status = 'open'" if open_only else "")
@@ -578,13 +650,14 @@ def refold_by_time(conn: Connection, accounts: Iterable[str]) -> int:
 # batch shows only its last state, so it depends on where batches begin and end). Not hashed at all: the
 # bookkeeping tables, meta (store version, topic prefix), offsets (where the projector is: replay compares
 # stores at equal offsets) and end_offsets (what the projector last saw of the topics, for the lag).
-BOOKKEEPING = ("meta", "offsets", "end_offsets")
+# transaction_links is an index of history's links (derived, like BY_TIME), not a projection of its own.
+BOOKKEEPING = ("meta", "offsets", "end_offsets", "transaction_links")
 UNHASHED = ("version", "nonzero_since_ms") + BY_TIME
 HASHED = {
     "accounts": tuple(c for c in ACCOUNT_COLUMNS if c not in UNHASHED),
     "account_views": tuple(c for c in VIEW_COLUMNS if c not in UNHASHED),
     "currency_sums": ("currency", "posted"),
-    "history": HISTORY_FIELDS,  # BY_TIME: derived from these columns, an index rather than a projection
+    "history": HISTORY_FIELDS + DETAIL,  # BY_TIME: derived from these columns, an index rather than a projection
     "results": RESULT_COLUMNS,
     "holds": HOLD_COLUMNS,
 }

@@ -247,6 +247,9 @@ def history_to_wire(e: HistoryEntry, currency: str, command_id: str, client_id: 
         "at_ms": e.at_ms,
         "command_id": command_id,
         "client_id": client_id,
+        "links": list(e.links),
+        "metadata": dict(e.metadata),
+        "rate_snapshot_id": e.rate_snapshot_id,
     }
 
 

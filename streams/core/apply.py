@@ -131,7 +131,7 @@ def _apply_posted(o: _Overlay, e: TransactionPosted) -> None:
         )
         history.append(
             HistoryEntry(account.id, seq, amount, posted, held, tx, e.kind, e.reference, e.occurred_at_ms,
-                         at_ms, hold_id)
+                         at_ms, hold_id, e.links, e.metadata, e.rate_snapshot_id)
         )
     _record_posted(o, e)
 

@@ -163,3 +163,7 @@ class HistoryEntry:
     occurred_at_ms: int | None  # business time of the transaction (may be back-dated); None = at_ms
     at_ms: int  # log time of the command that made the change
     hold_id: str | None  # the hold captured by this leg, or placed / released / expired by this change
+    # Why the money moved, for auditors (a leg carries its transaction's; other changes carry none):
+    links: tuple[str, ...] = ()  # related transaction ids (a reversal or a refund names what it undoes)
+    metadata: tuple[tuple[str, str], ...] = ()  # the transaction's key/value pairs (a rule's name and version)
+    rate_snapshot_id: str | None = None  # the FX rate snapshot the transaction's amounts came from
