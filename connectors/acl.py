@@ -2,8 +2,8 @@
 
 Roles (docs/security.md explains each grant):
 
-- workers read commands and the changelog, and write every output (results, each client's own results
-  topic, history, balances, dead letters, follow-up commands) and the changelog, through transactional ids
+- workers read commands, the changelog and snapshots, and write every output (results, each client's own
+  results topic, history, balances, dead letters, follow-up commands), the changelog and snapshots, through transactional ids
   `<prefix>ledger-p<partition>` (streams/engine.py) in the consumer groups `<prefix>workers` (Faust) and
   `<prefix>restore` (the engine's changelog reader);
 - producers write commands and read only their own results topic, `<prefix>results.<client id>`, which the
@@ -23,13 +23,16 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
                                    ResourcePatternType, ResourceType)
 
-from streams.config import Settings
+from streams.config import TOPIC_NAMES, Settings
 from streams.engine import TRANSACTIONAL_ID_STEM
 
 READ, WRITE, DESCRIBE = AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE
 TOPIC, GROUP, TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
 LITERAL, PREFIXED = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
 
+# What workers read: commands, and their own redo log and state snapshots at a restore (streams/engine.py).
+# They write every ledger topic (TOPIC_NAMES): outputs, follow-up commands, changelog and snapshots.
+WORKER_READS = ("commands", "changelog", "snapshots")
 # Consumer group name stems each role's processes use (a random suffix follows): they read by assign() and
 # commit nothing, but librdkafka still looks up a coordinator for the group, which needs the grant.
 PRODUCER_GROUPS = ("client-",)  # connectors/client.py
@@ -93,9 +96,8 @@ def model(settings: Settings, roles: Roles) -> list[Grant]:
     grants: list[Grant] = []
     for name in roles.workers:
         p = f"User:{name}"
-        grants += _topic_grants(p, [t("commands"), t("changelog")], [READ, DESCRIBE])
-        grants += _topic_grants(p, [t(n) for n in ("results", "history", "balances", "dlq", "commands",
-                                                    "changelog")], [WRITE, DESCRIBE])
+        grants += _topic_grants(p, [t(n) for n in WORKER_READS], [READ, DESCRIBE])
+        grants += _topic_grants(p, [t(n) for n in TOPIC_NAMES], [WRITE, DESCRIBE])  # every output, its own logs
         # Each client's own results topic, present and future: workers write them, nobody else does.
         grants += _topic_grants(p, [settings.client_results_topic("")], [WRITE, DESCRIBE], PREFIXED)
         # The worker checks the topics' max.message.bytes before it starts (streams/app.py).

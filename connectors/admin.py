@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.config import TOPIC_NAMES, Settings
@@ -46,11 +46,22 @@ class BrokerUnreachable(ConnectionError):
 def require_broker(settings: Settings, handle=None) -> None:
     """Return once the cluster answers a metadata request; raise BrokerUnreachable after the connect
     timeout. handle: any confluent-kafka client already made for these settings (saves a connection)."""
-    handle = handle or AdminClient(settings.kafka_config())
+    refusals: list[str] = []  # a cluster that answers but refuses our credentials says so only here
+
+    def on_error(error) -> None:
+        if error.code() in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            refusals.append(error.str())
+
+    own = handle is None
+    handle = handle or AdminClient({**settings.kafka_config(), "error_cb": on_error})
     try:
         handle.list_topics(timeout=settings.connect_timeout_s)
     except KafkaException as exc:
         error = exc.args[0]
+        if own:
+            handle.poll(0)  # serves the error events queued meanwhile (on_error)
+        if refusals:
+            raise BrokerUnreachable(settings, f"authentication failed: {refusals[-1]}") from None
         raise BrokerUnreachable(settings, error.str() if hasattr(error, "str") else error) from None
 
 
