@@ -8,8 +8,9 @@
 # run with this tree's .venv, PYTHONPATH pointing at the worktree: each run's client and worker come from its
 # own commit. Each benchmark makes its topics under its own random prefix. AB_ROUNDS=2 runs REV, HEAD, HEAD,
 # REV (absolute figures move a lot between runs on a shared machine: only a ratio of figures taken together
-# means much). Prints each run's figure and the ratio HEAD/REV (for a time per command, REV/HEAD: above 1
-# is always HEAD better).
+# means much). AB_SAME_SCRIPT=1 runs HEAD's benchmark script against both commits' code (a commit without
+# the script gets HEAD's anyway). Prints each run's figure and the ratio HEAD/REV (for a time per command,
+# REV/HEAD: above 1 is always HEAD better).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,7 +49,7 @@ git -C "$ROOT" worktree add --detach "$WORK/rev" "$REV" >/dev/null 2>&1
 git -C "$ROOT" worktree add --detach "$WORK/head" HEAD >/dev/null 2>&1
 REV_ID=$(git -C "$WORK/rev" rev-parse --short HEAD)
 HEAD_ID=$(git -C "$WORK/head" rev-parse --short HEAD)
-if [ ! -f "$WORK/rev/benchmarks/$BENCH.py" ]; then
+if [ -n "${AB_SAME_SCRIPT:-}" ] || [ ! -f "$WORK/rev/benchmarks/$BENCH.py" ]; then
   # An older commit without this benchmark runs HEAD's script against its own code (it may not fit).
   echo "$REV has no benchmarks/$BENCH.py: running HEAD's against $REV's code" >&2
   cp "$WORK/head/benchmarks/$BENCH.py" "$WORK/rev/benchmarks/$BENCH.py"

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import io
 import logging
 import os
 import pstats
@@ -43,6 +44,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import fastavro  # noqa: E402
 
 os.environ.setdefault("LEDGER_ENGINE_KEY", "engine-core-bench key")  # no development-key warning
 
@@ -213,9 +216,9 @@ class Bench:
     def setup(self) -> None:
         for i in range(self.users):
             account = f"user:c{i}:{CURRENCY}"
-            self.send({"command_id": f"open:{account}", "client_id": "bench", "body": ("ledger.OpenAccount", {
+            self.send(_command(f"open:{account}", "ledger.OpenAccount", {
                 "account_id": account, "currency": CURRENCY, "allow_negative": False, "overdraft_limit": "0",
-                "max_balance": None, "routing_key": None})}, account)
+                "max_balance": None, "routing_key": None}), account)
         self.run(self.records())
         for i in range(self.users):
             account = f"user:c{i}:{CURRENCY}"
@@ -237,13 +240,46 @@ class Bench:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def use_fastavro(c: Codec) -> None:
+    """Encode and decode the current schemas with fastavro's schemaless_writer/reader instead of the
+    generated codec (schemas/fastcodec.py): the A/B of the generated codec. Same bytes, same records."""
+    for name, schema in c.current.items():
+        def encode(record, parsed=schema.parsed, header=schema.header):
+            out = io.BytesIO()
+            out.write(header)
+            fastavro.schemaless_writer(out, parsed, record)
+            return out.getvalue()
+
+        def decode_at(data, offset, parsed=schema.parsed):
+            buf = io.BytesIO(data)
+            buf.seek(offset)
+            return fastavro.schemaless_reader(buf, parsed, None, return_record_name=True), buf.tell()
+
+        c._encoders[name] = encode
+        c._decoders[name] = decode_at
+
+
+def _body_fields(name: str) -> dict:
+    """{field: default} of a command body record in the current command schema (fields a schema version
+    added since this script was written take their defaults)."""
+    for branch in codec().current["command"].parsed["fields"][-1]["type"]:
+        if isinstance(branch, dict) and branch.get("name") == name:
+            return {f["name"]: f.get("default") for f in branch["fields"]}
+    raise KeyError(name)
+
+
+def _command(command_id: str, name: str, body: dict) -> dict:
+    return {"command_id": command_id, "client_id": "bench",
+            "body": (name, {**_body_fields(name), **body})}
+
+
 def _transfer(transaction_id: str, debtor: str, creditor: str, amount: int) -> dict:
-    return {"command_id": transaction_id, "client_id": "bench", "body": ("ledger.PostTransaction", {
+    return _command(transaction_id, "ledger.PostTransaction", {
         "transaction_id": transaction_id,
         "legs": [{"account_id": debtor, "amount": str(-amount), "hold_id": None, "currency": None},
                  {"account_id": creditor, "amount": str(amount), "hold_id": None, "currency": None}],
         "kind": "transfer", "reference": None, "links": [], "metadata": {}, "occurred_at_ms": None,
-        "rate_snapshot_id": None})}
+        "rate_snapshot_id": None})
 
 
 def measure(bench: Bench, start: int, count: int, in_flight: int) -> tuple[float, int, dict[str, int]]:
@@ -266,8 +302,13 @@ def main() -> None:
     parser.add_argument("--per-record", type=int, default=500, help="commands per CommandBatch record")
     parser.add_argument("--users", type=int, default=1_000)
     parser.add_argument("--profile", action="store_true", help="cProfile one run and print the top functions")
+    parser.add_argument("--no-phases", action="store_true", help="skip the second run with phase timers")
+    parser.add_argument("--codec", choices=("generated", "fastavro"), default="generated",
+                        help="the generated Avro codec (schemas/fastcodec.py) or fastavro's schemaless writer/reader")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.ERROR)
+    if args.codec == "fastavro":
+        use_fastavro(codec())
     bench = Bench(args.users, args.per_record)
     try:
         bench.setup()
@@ -280,23 +321,27 @@ def main() -> None:
         bench.transfers(0, min(args.transfers, 5_000), args.in_flight)
         elapsed, decided, written = measure(bench, 10**6, args.transfers, args.in_flight)
         phases = Phases()
-        phases.install()
-        try:
-            timed_elapsed, timed_decided, _ = measure(bench, 2 * 10**6, args.transfers, args.in_flight)
-        finally:
-            phases.uninstall()
+        if not args.no_phases:
+            phases.install()
+            try:
+                timed_elapsed, timed_decided, _ = measure(bench, 2 * 10**6, args.transfers, args.in_flight)
+            finally:
+                phases.uninstall()
     finally:
         bench.close()
     per = elapsed / decided * 1e6
     print(f"python {sys.version.split()[0]}, one process, RocksDB in a temporary directory, no Kafka; load average "
           f"{os.getloadavg()[0]:.2f}")
-    print(f"{args.transfers:,} client transfers among {args.users:,} users, {PARTITIONS} partitions, "
+    print(f"codec: {args.codec}; {args.transfers:,} client transfers among {args.users:,} users, "
+          f"{PARTITIONS} partitions, "
           f"{args.in_flight:,} per engine batch, {args.per_record} per CommandBatch record")
     print(f"decided commands: {decided:,} ({decided / args.transfers:.2f} per transfer: debits, credits)")
     print(f"worker CPU per decided command: {per:6.1f} µs  ({decided / elapsed:,.0f} decided commands/s, "
           f"{args.transfers / elapsed:,.0f} transfers/s)")
     print("records written per decided command: " + ", ".join(
         f"{topic.split('.', 1)[1]} {n / decided:.2f}" for topic, n in sorted(written.items())))
+    if args.no_phases:
+        return
     total = timed_elapsed / timed_decided * 1e6
     accounted = sum(phases.seconds.values()) / timed_decided * 1e6
     print(f"by phase (a second run with timers: {total:.1f} µs per command; timers add their own cost):")
