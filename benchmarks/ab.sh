@@ -10,7 +10,7 @@
 # REV (absolute figures move a lot between runs on a shared machine: only a ratio of figures taken together
 # means much). AB_SAME_SCRIPT=1 runs HEAD's benchmark script against both commits' code (a commit without
 # the script gets HEAD's anyway). Prints each run's figure and the ratio HEAD/REV (for a time per command,
-# REV/HEAD: above 1 is always HEAD better).
+# REV/HEAD: above 1 is always HEAD better). AB_HEAD=REV2 measures REV2 in HEAD's place (one change alone).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,7 +46,7 @@ cleanup() {
 }
 trap cleanup EXIT
 git -C "$ROOT" worktree add --detach "$WORK/rev" "$REV" >/dev/null 2>&1
-git -C "$ROOT" worktree add --detach "$WORK/head" HEAD >/dev/null 2>&1
+git -C "$ROOT" worktree add --detach "$WORK/head" "${AB_HEAD:-HEAD}" >/dev/null 2>&1
 REV_ID=$(git -C "$WORK/rev" rev-parse --short HEAD)
 HEAD_ID=$(git -C "$WORK/head" rev-parse --short HEAD)
 if [ -n "${AB_SAME_SCRIPT:-}" ] || [ ! -f "$WORK/rev/benchmarks/$BENCH.py" ]; then
