@@ -51,8 +51,8 @@ REV_ID=$(git -C "$WORK/rev" rev-parse --short HEAD)
 HEAD_ID=$(git -C "$WORK/head" rev-parse --short HEAD)
 if [ -n "${AB_SAME_SCRIPT:-}" ] || [ ! -f "$WORK/rev/benchmarks/$BENCH.py" ]; then
   # An older commit without this benchmark runs HEAD's script against its own code (it may not fit).
-  echo "$REV has no benchmarks/$BENCH.py: running HEAD's against $REV's code" >&2
-  cp "$WORK/head/benchmarks/$BENCH.py" "$WORK/rev/benchmarks/$BENCH.py"
+  echo "running HEAD's benchmarks/$BENCH.py against both commits' code" >&2
+  for tree in "$WORK/rev" "$WORK/head"; do git -C "$ROOT" show "HEAD:benchmarks/$BENCH.py" > "$tree/benchmarks/$BENCH.py"; done
 fi
 
 run() {  # tree label -> the figure on stdout; the run's output in $WORK/label.log
