@@ -87,7 +87,10 @@ class WorkerMetrics:
         self._at = now
         buckets, self.lag = self._scrape()
         self._snapshots.append((now, buckets))
+        # The oldest snapshot within the window; at the first scrape, none: the workers' whole lifetime so far.
         old = next((b for t, b in self._snapshots if now - t <= WINDOW_S + 0.5), buckets)
+        if len(self._snapshots) == 1:
+            old = {}
         delta = sorted((le, count - old.get(le, 0.0)) for le, count in buckets.items())
         values = {f"p{round(q * 100)}": quantile(q, delta) for q in QUANTILES}
         if any(v is not None for v in values.values()):

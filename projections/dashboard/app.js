@@ -59,16 +59,106 @@ function chart(canvas, labels, series, stacked) {
   const base = new Array(n).fill(0);
   for (const s of series) {
     const top = s.values.map((v, i) => (stacked ? base[i] : 0) + v);
+    // A step series holds its value until the next point (a balance between two changes).
+    const trace = () => top.forEach((v, i) => {
+      if (!i) ctx.moveTo(x(i), y(v)); else { if (s.step) ctx.lineTo(x(i), y(top[i - 1])); ctx.lineTo(x(i), y(v)); } });
     ctx.beginPath();
-    top.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+    trace();
     if (s.fill) {
       for (let i = n - 1; i >= 0; i--) ctx.lineTo(x(i), y(stacked ? base[i] : 0));
       ctx.closePath(); ctx.fillStyle = s.fill; ctx.fill();
-      ctx.beginPath(); top.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+      ctx.beginPath(); trace();
     }
     ctx.strokeStyle = s.color; ctx.lineWidth = 1.8; ctx.stroke();
     if (stacked) top.forEach((v, i) => (base[i] = v));
   }
+}
+
+// Grouped bars: series = [{values, color}], one group per label.
+function bars(canvas, labels, series) {
+  const [ctx, w, h] = setupCanvas(canvas);
+  const pad = {l: 40, r: 8, t: 8, b: 18}, n = Math.max(labels.length, 1);
+  ctx.clearRect(0, 0, w, h);
+  const max = Math.max(1, ...series.flatMap((s) => s.values)) * 1.15;
+  const y = (v) => h - pad.b - (v / max) * (h - pad.t - pad.b);
+  ctx.strokeStyle = "#263049"; ctx.fillStyle = "#8a96b0"; ctx.font = "11px system-ui"; ctx.lineWidth = 1;
+  for (let k = 0; k <= 3; k++) {
+    const v = (max / 1.15) * k / 3, yy = Math.round(y(v)) + 0.5;
+    ctx.beginPath(); ctx.moveTo(pad.l, yy); ctx.lineTo(w - pad.r, yy); ctx.stroke();
+    ctx.fillText(v >= 100 ? v.toFixed(0) : v.toFixed(1), 4, yy + 4);
+  }
+  const group = (w - pad.l - pad.r) / n, bw = Math.max(2, (group * 0.7) / Math.max(series.length, 1));
+  labels.forEach((label, i) => {
+    const x0 = pad.l + i * group + group * 0.15;
+    series.forEach((s, j) => {
+      const v = s.values[i] || 0;
+      ctx.fillStyle = s.color; ctx.fillRect(x0 + j * bw, y(v), bw - 1, h - pad.b - y(v));
+    });
+    ctx.fillStyle = "#8a96b0"; ctx.fillText(label, x0, h - 4);
+  });
+}
+
+const PALETTE = ["#6aa9ff", "#3ecf8e", "#f7b955", "#ff6b6b", "#b18cff", "#4fd1c5", "#f78fb3", "#a3be8c"];
+let pickedAccount = new URLSearchParams(location.search).get("account") || "";
+
+// One account's posted, held and available after each of its last 500 changes (from its history, holds
+// included), one step per change; the axis is the changes in order, labelled with the first and last time.
+async function renderAccountChart() {
+  const id = pickedAccount;
+  $("account-pick").value = id;
+  document.querySelectorAll("#accounts tr").forEach((tr) => tr.classList.toggle("picked", tr.dataset.account === id));
+  if (!id) { $("account-meta").textContent = "pick an account"; return; }
+  const r = await fetch(`/accounts/${encodeURIComponent(id)}/series?limit=500`);
+  const body = await r.json();
+  if (!r.ok) { $("account-meta").textContent = body.error ? body.error.code : "error"; chart($("account-chart"), [], [], false); return; }
+  const pts = body.points, num = (m) => Number(m.decimal ?? m.minor);
+  $("account-meta").textContent = `${id} · ${pts.length} change(s)` + (pts.length ? ` · posted ${amount(pts[pts.length - 1].posted)} ${body.currency}` : "");
+  chart($("account-chart"), pts.map((p) => clock(p.at_ms)), [
+    {values: pts.map((p) => num(p.posted)), color: "#6aa9ff", fill: "rgba(106,169,255,.10)", step: true},
+    {values: pts.map((p) => num(p.held)), color: "#f7b955", step: true},
+    {values: pts.map((p) => num(p.posted) - num(p.held)), color: "#3ecf8e", step: true}], false);
+}
+
+function pickAccount(id) {
+  pickedAccount = id;
+  renderAccountChart().catch(() => {});
+}
+
+function renderOperations(s) {
+  const ch = s.clearing_history.length ? s.clearing_history : [{t_ms: s.now_ms, minor: {}}];
+  const currencies = [...new Set(ch.flatMap((p) => Object.keys(p.minor)))].sort();
+  chart($("clearing-chart"), ch.map((p) => clock(p.t_ms)),
+        currencies.map((c, i) => ({values: ch.map((p) => Number(p.minor[c] ?? 0)), color: PALETTE[i % PALETTE.length]})), false);
+  $("clearing-legend").innerHTML = currencies.map((c, i) => `<span><i class="sw" style="background:${PALETTE[i % PALETTE.length]}"></i>${esc(c)}</span>`).join("")
+    || `<span>nothing in clearing</span>`;
+  $("stuck-after").textContent = `stuck after ${s.stuck_after_s} s`;
+  $("transfers").innerHTML = s.transfers_in_clearing.map((t) => `<tr><td>${esc(t.transaction_id)}</td>
+      <td class="num">${esc(amount(t))} ${esc(t.currency)}</td>
+      <td class="num${t.age_s >= s.stuck_after_s ? " stuck" : ""}">${ago(t.age_s)}</td></tr>`).join("")
+    || `<tr><td colspan="3" class="muted">no transfer in flight</td></tr>`;
+
+  const wk = s.workers || {configured: false, latency: [], lag: []};
+  const lat = wk.latency.length ? wk.latency : [{t_ms: s.now_ms, p50: 0, p95: 0, p99: 0}];
+  const ms = (v) => v == null ? 0 : v * 1000;
+  chart($("latency"), lat.map((p) => clock(p.t_ms)), [
+    {values: lat.map((p) => ms(p.p50)), color: "#3ecf8e"}, {values: lat.map((p) => ms(p.p95)), color: "#f7b955"},
+    {values: lat.map((p) => ms(p.p99)), color: "#ff6b6b"}], false);
+  const last = wk.latency[wk.latency.length - 1];
+  $("latency-now").innerHTML = !wk.configured ? `<span>set LEDGER_WORKER_METRICS to the workers' /metrics</span>`
+    : last ? ["p50", "p95", "p99"].map((q) => `<span>${q} <b>${ms(last[q]).toFixed(1)} ms</b></span>`).join("")
+    : `<span>no command decided lately</span>`;
+
+  const partitions = new Set(wk.lag.map((x) => x.partition));
+  const store = {};
+  for (const [, byPart] of Object.entries(s.lag_by_partition || {}))
+    for (const [p, n] of Object.entries(byPart)) { store[p] = (store[p] || 0) + n; partitions.add(+p); }
+  const parts = [...partitions].sort((a, b) => a - b);
+  const cmd = Object.fromEntries(wk.lag.map((x) => [x.partition, x.lag]));
+  bars($("partition-lag"), parts.map(String), [
+    {values: parts.map((p) => cmd[p] || 0), color: "#6aa9ff"}, {values: parts.map((p) => store[p] || 0), color: "#b18cff"}]);
+  $("partition-lag-note").innerHTML = `<span>partitions <b>${parts.length}</b></span>` +
+    `<span>commands behind <b>${Object.values(cmd).reduce((a, b) => a + b, 0)}</b></span>` +
+    `<span>read store behind <b>${Object.values(store).reduce((a, b) => a + b, 0)}</b></span>`;
 }
 
 function clock(ms) { const d = new Date(ms); return d.toTimeString().slice(0, 8); }
@@ -98,6 +188,7 @@ function renderStats(s) {
   $("reasons").innerHTML = s.rejections.map((r) => `<div class="bar"><span class="label">${esc(r.reason)}</span>
       <span class="track"><span class="fill" style="width:${(100 * r.count / top).toFixed(1)}%; display:block"></span></span>
       <span class="n">${r.count}</span></div>`).join("") || `<div class="muted small">no rejections</div>`;
+  renderOperations(s);
   $("recent").innerHTML = s.recent_rejections.map((r) => `<li><span class="muted">${clock(r.at_ms)}</span>
       <span class="r">${esc(r.reason)}</span><span class="c">${esc(r.client_id)}/${esc(r.command_id)}</span></li>`).join("");
 }
@@ -105,6 +196,8 @@ function renderStats(s) {
 function applyBalances(list) {
   for (const a of list) { accounts.set(a.account_id, a); flashed.add(a.account_id); }
   renderAccounts();
+  // The picked account's chart follows its changes: read again when its view changed.
+  if (pickedAccount && list.some((a) => a.account_id === pickedAccount)) renderAccountChart().catch(() => {});
 }
 
 function connect() {
@@ -137,4 +230,7 @@ async function poll() {  // only without EventSource
 }
 
 $("filter").addEventListener("input", renderAccounts);
+$("accounts").addEventListener("click", (e) => { const tr = e.target.closest("tr[data-account]"); if (tr) pickAccount(tr.dataset.account); });
+$("account-pick").addEventListener("change", (e) => pickAccount(e.target.value.trim()));
+renderAccountChart().catch(() => {});
 snapshot().then(connect, () => { $("conn-status").textContent = "API unreachable"; $("conn-status").className = "pill bad"; setTimeout(() => location.reload(), 3000); });

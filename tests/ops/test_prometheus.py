@@ -1,11 +1,12 @@
 """The shipped Prometheus setup (ops/prometheus) against a real Prometheus: the rules pass `promtool check
 rules` and their unit tests, and a Prometheus server using the shipped config scrapes a real worker and the
 real read API, evaluates the shipped rules, and fires the dead-letter alert when garbage reaches the commands
-topic. The worker runs with LEDGER_LOG_FORMAT=json: every log line it writes is one JSON object."""
+topic; the metrics the rules and the Grafana dashboard (ops/grafana/ledger.json) use all exist there. The worker runs with LEDGER_LOG_FORMAT=json: every log line it writes is one JSON object."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -100,7 +101,8 @@ def test_prometheus_scrapes_a_worker_and_the_api_and_fires_an_alert(settings, st
         wait_for("both targets up", targets_up)
 
         ids = [client.open_account("user:prom:USD", "USD"),
-               client.post("prom-dep", [Leg("sys:world:USD", -500), Leg("user:prom:USD", 500)], kind="deposit")]
+               client.post("prom-dep", [Leg("sys:world:USD", -500), Leg("user:prom:USD", 500)], kind="deposit"),
+               client.post("prom-over", [Leg("user:prom:USD", -900), Leg("sys:world:USD", 900)])]
         client.send_raw(b"not a command", "user:prom:USD")
         client.wait(ids)
 
@@ -116,6 +118,20 @@ def test_prometheus_scrapes_a_worker_and_the_api_and_fires_an_alert(settings, st
             prom_port, "query", query='ledger_reconciliation_ok{job="ledger-api"} == 1')["result"])
         wait_for("the worker's latency", lambda: prometheus_api(
             prom_port, "query", query='sum(ledger_result_latency_seconds_count{job="ledger-worker"}) >= 2')["result"])
+        # Every metric the rules and the Grafana dashboard use is one these processes expose, and every dashboard
+        # query is valid PromQL. The clearing series exist per currency once a transfer crossed partitions in it
+        # (the oldest transfer only while one is in flight): this run has none.
+        grafana = json.loads((ROOT / "ops" / "grafana" / "ledger.json").read_text())
+        queries = [t["expr"] for p in grafana["panels"] for t in p["targets"]]
+        used = set(re.findall(r"ledger_[a-z_]+", (OPS / "alerts.yml").read_text() + " ".join(queries)))
+        wait_for("the rejection's counter", lambda: prometheus_api(
+            prom_port, "query", query="ledger_rejections_total")["result"])
+        exposed = set(prometheus_api(prom_port, "label/__name__/values"))
+        assert used - exposed <= {"ledger_clearing_minor", "ledger_stuck_transfers",
+                                  "ledger_clearing_oldest_transfer_seconds"}, used - exposed
+        for query in queries:
+            prometheus_api(prom_port, "query", query=query)  # an invalid one answers status error
+
         # No other rule fires on a healthy ledger (a pending one may still: a slow first batch, say).
         others = [a["labels"]["alertname"] for a in prometheus_api(prom_port, "alerts")["alerts"]
                   if a["labels"]["alertname"] != "LedgerDeadLetters" and a["state"] == "firing"]

@@ -11,6 +11,7 @@ dropped at the end). Without that URL the PostgreSQL cases are skipped, except u
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -49,6 +50,7 @@ class LedgerRun:
     worker: Worker
     client: LedgerClient
     stores: dict[str, str]  # backend -> a read store caught up with everything below
+    worker_metrics: str = ""  # the worker's Prometheus /metrics URL (the dashboard's latency and lag)
 
 
 @pytest.fixture(scope="package")
@@ -96,7 +98,11 @@ def read_db(ledger_run, backend) -> str:
 @pytest.fixture(scope="package")
 def ledger_run(kafka_bootstrap, tmp_path_factory, pg_database) -> LedgerRun:
     settings = fresh_settings(kafka_bootstrap)
-    worker = Worker(settings, tmp_path_factory.mktemp("worker"), "w1").start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        metrics_port = s.getsockname()[1]
+    worker = Worker(settings, tmp_path_factory.mktemp("worker"), "w1",
+                    extra_env={"LEDGER_METRICS_PORT": str(metrics_port)}).start()
     client = LedgerClient(settings, "read-tests")
     try:
         assert all(r["outcome"] == "accepted" for r in run_example(client))
@@ -116,7 +122,7 @@ def ledger_run(kafka_bootstrap, tmp_path_factory, pg_database) -> LedgerRun:
             stores["postgres"] = with_schema(pg_database, "read")
         for target in stores.values():
             catch_up(settings, target)
-        yield LedgerRun(settings, worker, client, stores)
+        yield LedgerRun(settings, worker, client, stores, f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         client.close()
         worker.kill9()

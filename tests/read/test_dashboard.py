@@ -40,8 +40,8 @@ def chromium(url: str, profile: Path, *extra: str, timeout_s: float = 30) -> str
 def served(ledger_run, new_store):
     """The API with its projector on a fresh store (each backend), served by uvicorn on a free loopback port."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(new_store("dash"), ledger_run.settings, projector=True),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    app = create_app(new_store("dash"), ledger_run.settings, projector=True, worker_metrics=[ledger_run.worker_metrics])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -70,18 +70,25 @@ def test_the_dashboard_shows_live_balances(ledger_run, backend, served, tmp_path
     # The projector in the API process has applied them (read-your-writes on the account).
     assert httpx.get(f"{served}/accounts/{account}", params={"min_seq": 2}, timeout=10).status_code == 200
 
-    # Event streams of 1 s: the headless virtual clock only advances between them.
-    dom = chromium(served + "/?stream_s=1", tmp_path / "profile", "--dump-dom")
+    # Event streams of 1 s: the headless virtual clock only advances between them. The account's chart is
+    # picked by the URL (a click on its row does the same).
+    page = f"{served}/?stream_s=1&account={account}"
+    dom = chromium(page, tmp_path / "profile", "--dump-dom")
     assert f'data-account="{account}"' in dom, dom[:3000]
     assert "1234.56" in dom  # the deposit, formatted with EUR's scale
     assert 'data-account="user:buyer:USDT"' in dom and "28020.000000" in dom
     assert "insufficient_funds" in dom  # rejections by reason
     assert "books balance" in dom  # every currency sums to zero
     assert "<canvas" in dom
+    # The account over time (from its history: opened, then the deposit), money in clearing with the transfers
+    # holding it (none: every transfer landed), latency percentiles and lag per partition from the worker.
+    assert f"{account} · 2 change(s) · posted 1234.56 EUR" in dom
+    assert "no transfer in flight" in dom and "stuck after 60" in dom
+    assert "p99 <b>" in dom and " ms</b>" in dom, dom[dom.find('id="latency-now"'):][:500]
+    assert "partitions <b>8</b>" in dom
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "dashboard.png"
     shot.unlink(missing_ok=True)
-    chromium(served + "/?stream_s=1", tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1280,900",
-             "--hide-scrollbars")
+    chromium(page, tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1280,1500", "--hide-scrollbars")
     assert shot.exists() and shot.stat().st_size > 10_000
