@@ -15,16 +15,18 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.fault_suite.cluster import ROOT, Cluster  # noqa: E402
-from benchmarks.fault_suite.figures import table  # noqa: E402
+from benchmarks.fault_suite.figures import Row, table  # noqa: E402
 from benchmarks.fault_suite.run import run_scenario  # noqa: E402
 from benchmarks.fault_suite.scenarios import SCENARIOS  # noqa: E402
 
@@ -57,6 +59,8 @@ def main() -> int:
     parser.add_argument("--markdown", default="", help="also write the table as Markdown to this file")
     parser.add_argument("--keep-cluster", action="store_true")
     args = parser.parse_args()
+    # Stopped from outside: unwind, so every scenario's finally stops its workers and drops its topics.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     names = [n for n in (args.only.split(",") if args.only else ORDER) if n]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
@@ -71,8 +75,16 @@ def main() -> int:
     try:
         for name in names:
             started = time.monotonic()
-            rows.append(run_scenario(name, cluster, args.seed, args.rate, workdir, kills=args.kills,
-                                     log=lambda m: print(m, flush=True)))
+            try:
+                rows.append(run_scenario(name, cluster, args.seed, args.rate, workdir, kills=args.kills,
+                                         log=lambda m: print(m, flush=True)))
+            except Exception as exc:  # noqa: BLE001 - a scenario that cannot finish is a row that says so
+                traceback.print_exc()
+                row = Row(name, "did not finish")
+                row.violations["suite_error"] += 1
+                row.notes.append(f"{type(exc).__name__}: {exc}"[:400])
+                rows.append(row)
+                cluster.start()  # a node the scenario left stopped
             print(f"[{name}] done in {time.monotonic() - started:.0f}s", flush=True)
             print(table(rows), flush=True)
     finally:

@@ -64,7 +64,8 @@ class Answers(threading.Thread):
 
     def stop(self) -> None:
         self.done.set()
-        self.join(10)
+        if self.is_alive():
+            self.join(10)
 
 
 class SkewedClient(LedgerClient):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import random
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
+
+from confluent_kafka import KafkaException
 
 from connectors.client import LedgerClient
 from projections.rebuild import rebuild_balances
@@ -27,14 +30,17 @@ def run_scenario(name: str, cluster: Cluster, seed: int, rate: float, workdir: P
                  **options) -> Row:
     """options: keyword arguments of the scenario's function (a shorter hot-account run, say)."""
     rng = random.Random(f"{seed}/{name}")
-    settings = fresh_settings(cluster.bootstrap)
+    # A client waits up to connect_timeout_s for the new topics' offsets: on a loaded machine the brokers other
+    # than the one that answered creation can take longer than the default 10 s to learn of them.
+    settings = replace(fresh_settings(cluster.bootstrap), connect_timeout_s=60.0)
     workers = Workers(settings, workdir / name)
     answers = Answers(settings)
-    client = LedgerClient(settings, "faults")
     ctx = Context(cluster, settings, workers, rng, rate, users, workdir / name, kills=kills)
+    client = None
     try:
-        workers.add("w1")
-        workers.add("w2")
+        client = LedgerClient(settings, "faults")
+        for w in [workers.add("w1", wait_ready=False), workers.add("w2", wait_ready=False)]:
+            w.wait_ready(120)
         answers.start()
         traffic = Traffic(client, seed=rng.randrange(1 << 30), rate=rate, users=users, run_id=name)
         traffic.open_accounts()
@@ -66,7 +72,7 @@ def run_scenario(name: str, cluster: Cluster, seed: int, rate: float, workdir: P
     finally:
         answers.stop()
         workers.stop_all()
-        for c in [client, *ctx.clients]:
+        for c in [client, *ctx.clients] if client else ctx.clients:
             try:
                 c.close()
             except Exception:  # noqa: BLE001 - a closing client must not hide the scenario's outcome
@@ -84,13 +90,25 @@ def _wait_answered(answers: Answers, sent_at: dict, timeout_s: float) -> int:
         time.sleep(0.5)
 
 
+def _settled(fn, *args, attempts: int = 6):
+    """fn(*args), asked again after a retriable Kafka error: right after a fault, leadership may still move
+    (a resumed or restarted broker becomes preferred leader again) and a metadata answer be stale."""
+    for attempt in range(attempts):
+        try:
+            return fn(*args)
+        except KafkaException as exc:
+            if attempt == attempts - 1 or not exc.args[0].retriable():
+                raise
+            time.sleep(2)
+
+
 def _oracles(row: Row, settings, sent_at: dict) -> None:
     """Every oracle of DESIGN.md §2 over the topics (projections.verify), exactly once per client as a
     read_committed reader sees it (tests.harness), and the balances rebuilt from history hash-equal to the live
     ones (projections.rebuild, a fresh reader from offset 0)."""
-    if not wait_quiescent(settings, 300):
+    if not _settled(wait_quiescent, settings, 300):
         row.violations["not_quiescent"] += 1
-    report = verify(settings)
+    report = _settled(verify, settings)
     for key, count in report.counts.items():
         if key.startswith("violations."):
             row.violations[key.split(".", 1)[1]] += count
@@ -100,12 +118,12 @@ def _oracles(row: Row, settings, sent_at: dict) -> None:
         by_client.setdefault(client_id, []).append(command_id)
     for client_id, ids in by_client.items():
         try:
-            assert_exactly_once(settings, client_id, ids)
+            _settled(assert_exactly_once, settings, client_id, ids)
         except AssertionError as exc:
             found = re.match(r"(\d+) problems", str(exc))
             row.violations["exactly_once"] += int(found.group(1)) if found else 1
             row.notes.append(f"exactly once ({client_id}): {str(exc)[:400]}")
-    rebuilt = rebuild_balances(settings)
+    rebuilt = _settled(rebuild_balances, settings)
     if not rebuilt.ok:
         row.violations["rebuild_hash"] += 1
         row.notes.append(f"rebuilt balances differ from the live ones at {rebuilt.first_difference}")
