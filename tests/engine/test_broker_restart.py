@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -25,9 +26,32 @@ def start(script: str, env: dict) -> None:
     assert done.returncode == 0, f"kafka.sh start failed:\n{done.stdout}\n{done.stderr}"
 
 
+class Supervisor(threading.Thread):
+    """Starts the worker again whenever it exits, as a process supervisor would: a worker ends itself when the
+    broker stays away past its delivery timeout (streams/app.py), and its successor restores and carries on."""
+
+    def __init__(self, worker: Worker):
+        super().__init__(daemon=True)
+        self.worker, self.done, self.restarts = worker, threading.Event(), 0
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            if not self.worker.alive:
+                self.restarts += 1
+                self.worker.start(wait_ready=False)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(10)
+        self.worker.kill9()
+
+
 @pytest.fixture
 def own_broker(tmp_path):
-    env = {**os.environ, "LEDGER_STATE": str(tmp_path / "state"), "KAFKA_PORT": str(PORT)}
+    # A restart after kill -9 recovers every log first: on a loaded 2-core machine that alone can take minutes.
+    env = {**os.environ, "LEDGER_STATE": str(tmp_path / "state"), "KAFKA_PORT": str(PORT),
+           "KAFKA_READY_TIMEOUT_S": "300"}
     script = str(ROOT / "scripts/kafka.sh")
     start(script, env)
     pid_file = tmp_path / "state/kafka/node1/pid"
@@ -35,18 +59,12 @@ def own_broker(tmp_path):
     subprocess.run([script, "stop"], env=env, capture_output=True)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "OPEN BUG, found this stop and not yet understood: with transactional outputs, a kill -9 and restart of the "
-    "broker under load can (1) leave a worker that rejoined and restored every partition idle, deciding nothing "
-    "more until it is restarted, and (2) in one CI rehearsal broke the books: verify reported P3 posted_after "
-    "!= fold on one account and USD summing to -58,809 (a store wiped as 'ahead' of a changelog whose high "
-    "watermark lagged after the restart; restore now learns the true log end first, not yet proven on that "
-    "case). Passes on an idle machine. Kept running (not skipped) so its output shows each time"))
 def test_worker_survives_a_broker_kill_and_restart(own_broker, tmp_path, request):
     env, script, pid_file = own_broker
     settings = fresh_settings(f"127.0.0.1:{PORT}")
     worker = Worker(settings, tmp_path / "w", "w").start()
-    request.addfinalizer(worker.kill9)  # never left running past the test, whatever failed
+    supervisor = Supervisor(worker)
+    request.addfinalizer(supervisor.stop)  # never left running past the test, whatever failed
     client = LedgerClient(settings, "brk")
     gen = LoadGenerator(client, seed=9, mix=Mix(users=50), run_id="brk")
     client.wait(gen.open_accounts(), 60)
@@ -57,10 +75,8 @@ def test_worker_survives_a_broker_kill_and_restart(own_broker, tmp_path, request
     time.sleep(2)
     start(script, env)
     thread.join(120)
-    if not worker.alive:  # it may exit when a flush cannot complete; a supervisor restarts it
-        worker.start()
-    client.wait(sent, 180)
+    client.wait(sent, 300)
     assert_books_ok(settings)
     client.close()
-    worker.stop()
+    supervisor.stop()
     drop(settings)
