@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streams import config, limits, logs, metrics
 from streams import authn
+from streams import ticks
 from streams.engine import CommandRecord, Engine
 
 log = logging.getLogger("ledger.worker")
@@ -138,6 +139,16 @@ async def serve_metrics() -> None:
     if METRICS_PORT:
         metrics.serve(METRICS_PORT, METRICS_HOST)
         log.info("metrics on http://%s:%d/metrics", METRICS_HOST, METRICS_PORT)
+
+
+if ticks.INTERVAL_S > 0:
+    @app.timer(ticks.INTERVAL_S)
+    async def tick_quiet_partitions() -> None:
+        """Time moves on every partition this worker owns, so due holds expire without traffic (streams/ticks.py)."""
+        topic = commands.get_topic_name()
+        owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topic)
+        if owned:
+            await asyncio.to_thread(engine.produce_ticks, owned)
 
 
 def _observe_lag(events) -> None:

@@ -54,7 +54,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from schemas.codec import codec
-from streams import config, core, metrics, snapshot
+from streams import config, core, metrics, snapshot, ticks
 from streams.crashpoints import reach as crash_point
 from streams.config import Settings
 from streams.partition import CHANGELOG_OFFSET_KEY, Output, PartitionProcessor
@@ -198,6 +198,7 @@ class Engine:
         self.data_dir = data_dir
         self.currencies = currencies
         self._codec = codec()
+        self._tick_producer: Producer | None = None  # writes the ticks (produce_ticks)
         self.seal = Seal.from_env()  # seals the follow-up commands this worker writes (streams/seal.py)
         # Who the clients are and what each may do (streams/authn.py); None: the ledger runs open (dev mode).
         self.clients = Clients.from_env()
@@ -624,6 +625,18 @@ class Engine:
         produce(producer, self._topics["commands"], value, first.key, partition=first.partition,
                 headers=self.seal.headers(self._topics["commands"], first.partition, value),
                 timestamp=first.timestamp_ms)
+
+    def produce_ticks(self, partitions: list[int]) -> None:
+        """A sealed tick into each of these commands partitions (the ones this worker owns), so due holds expire
+        on partitions without traffic (streams/ticks.py). Outside the partitions' transactions: a tick carries
+        only its log time, so a lost or repeated one changes nothing."""
+        if self._tick_producer is None:
+            self._tick_producer = _producer(self.settings)
+        topic, value = self._topics["commands"], ticks.value()
+        for p in partitions:
+            produce(self._tick_producer, topic, value, ticks.KEY, partition=p,
+                    headers=self.seal.headers(topic, p, value))
+        self._tick_producer.poll(0)
 
     def close(self) -> None:
         for producer in self.producers.values():

@@ -377,7 +377,11 @@ class PartitionProcessor:
             except DecodeError as exc:
                 self._dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
                 return
-            if not items:  # nothing to answer, but the sender should hear that it sent nothing
+            if not items:
+                if self._is_sealed():  # a worker's tick (streams/ticks.py): log time moves, due holds expire
+                    self._tick(offset, timestamp_ms)
+                    return
+                # nothing to answer, but the sender should hear that it sent nothing
                 self._dead_letter(offset, timestamp_ms, key, value, "empty", "a CommandBatch without commands")
                 return
             for index, item in enumerate(items):
@@ -386,6 +390,12 @@ class PartitionProcessor:
             return
         self.position = str(offset)
         self._handle_command(offset, timestamp_ms, key, value, None)
+
+    def _tick(self, offset: int, timestamp_ms: int) -> None:
+        """A sealed tick: nothing to decide or answer, only the holds due by its log time expire."""
+        self.position, self._offset, self._kind = str(offset), offset, "tick"
+        self.state.begin_command()
+        self._expire_due(offset, timestamp_ms)
 
     def _handle_command(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
                         index: int | None) -> None:

@@ -163,6 +163,20 @@ class Scenario:
         self.bus.clock = ms - 1
         return self
 
+    def tick(self, user: str, sealed: bool = True) -> "Scenario":
+        """A worker's tick (streams/ticks.py) into the partition of the user's accounts, at the next log time;
+        sealed=False writes the same bytes as anyone else could (it must change nothing)."""
+        from streams import ticks
+        from tests.helpers.bus import Record
+        partition = routing.partition_of_account(account_name(f"{user}:{QUOTE}"), self.bus.n)
+        value = ticks.value()
+        self.bus.clock += 1
+        headers = self.bus._seal(partition, value) if sealed else ()
+        self.bus.logs[partition].append(Record(self.bus.clock, ticks.KEY, value, headers))
+        self.bus.run()
+        self.check_books()
+        return self
+
     # --- assertions ---------------------------------------------------------------------------------------
     def balance(self, short: str) -> tuple[int, int]:
         """(posted, held) in minor units; system accounts summed over their shards."""

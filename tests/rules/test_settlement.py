@@ -134,3 +134,19 @@ def test_orders_and_withdrawals_get_a_default_expiry_from_their_time():
     assert s.bus.hold("withdrawal:w2", "user:bob:USDT").expires_at_ms == START_MS + 600_000
     (s.at(START_MS + 600_000).withdrawal_completed("w2", "bob", "USDT", "4", expect="late_settlement")
      .assert_balances({"bob:USDT": "6", "sys:custody:USDT": "-6"}))
+
+
+def test_a_tick_expires_due_holds_on_a_quiet_partition_and_a_late_completion_still_posts():
+    s = (Scenario().users("bob")
+         .deposit("d1", "bob", "USDT", "1000")
+         .withdrawal_requested("w1", "bob", "USDT", "400", fee="1", expires_at_ms=EXPIRES)
+         .at(LATER)
+         .tick("bob", sealed=False)                      # anyone's empty batch: dead-lettered, nothing expires
+         .assert_hold("withdrawal:w1", "bob:USDT", "open")
+         .tick("bob")                                     # the worker's tick: no client command needed
+         .assert_hold("withdrawal:w1", "bob:USDT", "expired")
+         .assert_balances({"bob:USDT": ("1000", "0")}))
+    assert [d["reason"] for d in s.bus.dead_letters] == ["empty"]
+    assert not [r for r in s.bus.results if r["command_id"].startswith("tick")]  # a tick is answered by nothing
+    (s.withdrawal_completed("w1", "bob", "USDT", "400", fee="1", expect="late_settlement")
+     .assert_balances({"bob:USDT": ("599", "0"), "sys:custody:USDT": "-600"}))
