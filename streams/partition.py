@@ -14,6 +14,7 @@ import dataclasses
 import heapq
 import json
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,6 +48,8 @@ from streams.wire import (
 RETURN_TO = "ledger.return_to"
 RETURN_PARTITION = "ledger.return_partition"
 CHANGELOG_OFFSET_KEY = b"m/changelog"
+# Decoded account, hold and transaction records kept between batches, at most (streams/partition.py commit).
+DECODED_CACHE_LIMIT = int(os.environ.get("LEDGER_DECODED_CACHE", "100000"))
 log = logging.getLogger("ledger.partition")
 
 
@@ -302,6 +305,12 @@ class PartitionState:
         self._puts = {}
         self._deletes = set()
         self._journal = []
+        if len(self._accounts) + len(self._holds) + len(self._transactions) > DECODED_CACHE_LIMIT:
+            # The decoded records are a cache of the store, and nothing is staged now: dropping them keeps a
+            # long-running worker's memory to its working set instead of every hold and transaction it met.
+            self._accounts.clear()
+            self._holds.clear()
+            self._transactions.clear()
 
     def discard(self) -> None:
         """Forget everything staged (the batch will be redone after a restore)."""
