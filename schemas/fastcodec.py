@@ -12,23 +12,24 @@
   Hostile input raises (IndexError, ValueError, UnicodeDecodeError, ...): every length and count is
   checked against the bytes that remain before anything is allocated or looped over.
 
-Supported types: null, boolean, int, long, float, double, bytes, string, record, enum, array, map,
-fixed, unions, named-type references, namespaces. Logical types are ignored (the underlying type is
-used). Each named record gets its own generated encode/decode function, so recursive types work.
-Generated source is kept on `Compiled.source` for inspection.
+Supported types: the ones the ledger's schemas use, no more: null, boolean, int, long, bytes, string,
+record, enum, array, map, unions, named-type references, namespaces. Anything else (float, double,
+fixed, error, a logicalType) is refused when the schema is compiled: ValueError, never a silent
+approximation (a logical type would need its own conversions, as fastavro applies them). Each named
+record gets its own generated encode/decode function, so recursive types work. Generated source is kept
+on `Compiled.source` for inspection.
 """
 from __future__ import annotations
 
 import io
-import struct
 from typing import Any, Callable
 
 import fastavro
 
 __all__ = ["Compiled", "compile_schema"]
 
-_PRIMITIVES = ("null", "boolean", "int", "long", "float", "double", "bytes", "string")
-_NAMED = ("record", "error", "enum", "fixed")
+_PRIMITIVES = ("null", "boolean", "int", "long", "bytes", "string")
+_NAMED = ("record", "enum")
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 _TABLE = 1024  # lengths below this have a precomputed header
@@ -127,26 +128,6 @@ def _wnull(v: Any) -> bytes:
     return b""
 
 
-def _as_number(v: Any) -> float:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return v
-    raise TypeError(f"a number is required, got {type(v).__name__}")
-
-
-_pack_f = struct.Struct("<f").pack
-_pack_d = struct.Struct("<d").pack
-_unpack_f = struct.Struct("<f").unpack_from
-_unpack_d = struct.Struct("<d").unpack_from
-
-
-def _wfloat(v: Any) -> bytes:
-    return _pack_f(_as_number(v))
-
-
-def _wdouble(v: Any) -> bytes:
-    return _pack_d(_as_number(v))
-
-
 def _as_seq(v: Any) -> Any:
     if isinstance(v, (str, bytes, bytearray, memoryview, dict)) or not hasattr(v, "__len__"):
         raise TypeError(f"an array (list or tuple) is required, got {type(v).__name__}")
@@ -221,10 +202,10 @@ _HELPERS = {
     "_SL": _SL,
     "_ZZ": _ZZ, "_ZZ1": _ZZ1, "_LC": _LCACHE, "_varint": _varint, "_wlong": _wlong, "_wint": _wint,
     "_len": _len, "_wstr": _wstr, "_wbytes": _wbytes, "_to_bytes": _to_bytes, "_wbool": _wbool,
-    "_wnull": _wnull, "_wfloat": _wfloat, "_wdouble": _wdouble, "_as_seq": _as_seq, "_as_map": _as_map,
+    "_wnull": _wnull, "_as_seq": _as_seq, "_as_map": _as_map,
     "_bad_union": _bad_union, "_bad_name": _bad_name, "_rv": _read_varint, "_rlen": _read_len,
     "_rcount": _read_count, "_trunc": _truncated, "_badi": _bad_index, "_se": str.encode,
-    "_uf": _unpack_f, "_ud": _unpack_d, "_TABLE": _TABLE,
+    "_TABLE": _TABLE,
 }
 
 
@@ -304,10 +285,10 @@ class _Gen:
         schema = self.resolve(schema)
         t = _type_of(schema)
         simple = {"string": "_wstr", "long": "_wlong", "int": "_wint", "bytes": "_wbytes", "boolean": "_wbool",
-                  "null": "_wnull", "float": "_wfloat", "double": "_wdouble"}
+                  "null": "_wnull"}
         if t in simple:
             return simple[t]
-        if t in ("record", "error"):
+        if t == "record":
             return self.enc_record_func(schema)
         fname = self.tmp("_encv_")
         stmts, parts = self.enc(schema, "v")
@@ -339,15 +320,6 @@ class _Gen:
             v, n = self.tmp("v"), self.tmp("n")
             return ([f"{v} = _to_bytes({expr}); {n} = len({v})"],
                     [f"_ZZ[{n}] if {n} < _TABLE else _varint({n} << 1)", v])
-        if t == "float":
-            return [], [f"_wfloat({expr})"]
-        if t == "double":
-            return [], [f"_wdouble({expr})"]
-        if t == "fixed":
-            v = self.tmp("v")
-            size = schema["size"]
-            return ([f"{v} = _to_bytes({expr})",
-                     f"if len({v}) != {size}: raise ValueError('fixed {schema['name']} needs {size} bytes')"], [v])
         if t == "enum":
             table = self.const({s: _ZZ[i] if i < _TABLE else _varint(i << 1)
                                 for i, s in enumerate(schema["symbols"])}, "_ENUM")
@@ -356,7 +328,7 @@ class _Gen:
                      f"{h} = {table}.get({v}) if {v}.__class__ is str else None",
                      f"if {h} is None: raise ValueError(f'{{{v}!r}} is not a symbol of enum {schema['name']}')"],
                     [h])
-        if t in ("record", "error"):
+        if t == "record":
             return [], [f"{self.enc_record_func(schema)}({expr})"]
         if t == "array":
             item = self.enc_func(schema["items"])
@@ -405,12 +377,7 @@ class _Gen:
             "bytes": f"isinstance({v}, (bytes, bytearray))",
             "long": f"isinstance({v}, int) and {v}.__class__ is not bool and {_LONG_MIN} <= {v} <= {_LONG_MAX}",
             "int": f"isinstance({v}, int) and {v}.__class__ is not bool and {_INT_MIN} <= {v} <= {_INT_MAX}",
-            "double": f"isinstance({v}, (int, float)) and {v}.__class__ is not bool",
-            "float": f"isinstance({v}, (int, float)) and {v}.__class__ is not bool",
         }
-        if "float" in types and "double" in types and types.index("float") < types.index("double"):
-            # fastavro prefers double for a Python float when both are possible.
-            types = ["_skip" if t == "float" else t for t in types]
         kw = "elif"
         for i, t in enumerate(types):
             if t == "_skip" or t in types[:i]:
@@ -450,7 +417,7 @@ class _Gen:
     def dec_func(self, schema: Any) -> str:
         """A function (d, p) -> (value, p) for any schema."""
         schema = self.resolve(schema)
-        if _type_of(schema) in ("record", "error"):
+        if _type_of(schema) == "record":
             return self.dec_record_func(schema)
         fname = self.tmp("_decv_")
         lines = [f"def {fname}(d, p):", "    ln = len(d)"] + self.dec(schema, "v", "    ") + ["    return v, p"]
@@ -480,21 +447,13 @@ class _Gen:
             return [f"{ind}{target} = d[p] != 0; p += 1"]
         if t == "null":
             return [f"{ind}{target} = None"]
-        if t in ("float", "double"):
-            size, fn = (4, "_uf") if t == "float" else (8, "_ud")
-            return [f"{ind}if p + {size} > ln: _trunc()",
-                    f"{ind}{target} = {fn}(d, p)[0]; p += {size}"]
-        if t == "fixed":
-            size = schema["size"]
-            return [f"{ind}if p + {size} > ln: _trunc()",
-                    f"{ind}{target} = d[p:p + {size}]; p += {size}"]
         if t == "enum":
             syms = self.const(tuple(schema["symbols"]), "_SYM")
             i = self.tmp("i")
             return [f"{ind}{i}, p = _rv(d, p)",
                     f"{ind}if not 0 <= {i} < {len(schema['symbols'])}: _badi({i}, 'enum')",
                     f"{ind}{target} = {syms}[{i}]"]
-        if t in ("record", "error"):
+        if t == "record":
             return [f"{ind}{target}, p = {self.dec_record_func(schema)}(d, p)"]
         if t in ("array", "map"):
             n, ap, it = self.tmp("n"), self.tmp("ap"), self.tmp("it")
@@ -532,7 +491,7 @@ class _Gen:
             rb = self.resolve(b)
             if (isinstance(b, str) and b not in _PRIMITIVES) or _type_of(b) == "record":
                 # As fastavro with return_record_name=True: an inline record branch, or a reference to
-                # any named type (record, enum, fixed), comes back as (fullname, value).
+                # any named type (record, enum), comes back as (fullname, value).
                 r = self.tmp("r")
                 lines += self.dec(rb, r, inner)
                 lines.append(f"{inner}{target} = ({rb['name']!r}, {r})")
@@ -600,10 +559,11 @@ def compile_schema(schema: Any, prefix: bytes = b"") -> Compiled:
     `prefix` (e.g. a single-object header) is written before every encoded value; the decoder does
     not read it (pass the offset after it).
     """
+    _refuse_unsupported(_strip_hints(schema))
     named: dict[str, Any] = {}
     parsed = fastavro.parse_schema(_strip_hints(schema), named_schemas=named, _write_hint=False)
     gen = _Gen(parsed, named)
-    if prefix and _type_of(gen.resolve(parsed)) in ("record", "error"):
+    if prefix and _type_of(gen.resolve(parsed)) == "record":
         enc = gen.enc_record_func(gen.resolve(parsed), prefix)
     elif prefix:
         inner = gen.enc_func(parsed)
@@ -617,6 +577,32 @@ def compile_schema(schema: Any, prefix: bytes = b"") -> Compiled:
     namespace.update(gen.consts)
     exec(compile(source, f"<fastcodec {_describe(parsed)}>", "exec"), namespace)
     return Compiled(parsed, namespace[enc], namespace[dec], source)
+
+
+def _refuse_unsupported(schema: Any, where: str = "schema") -> None:
+    """ValueError for anything outside the supported types (module docstring), wherever it is nested."""
+    if isinstance(schema, list):
+        for i, branch in enumerate(schema):
+            _refuse_unsupported(branch, f"{where}[{i}]")
+        return
+    if isinstance(schema, str):
+        if schema in ("float", "double", "fixed", "error"):
+            raise ValueError(f"{where}: Avro type {schema!r} is not supported by the generated codec")
+        return
+    if "logicalType" in schema:
+        raise ValueError(f"{where}: logical type {schema['logicalType']!r} is not supported by the generated codec "
+                         f"(it would be encoded as its underlying type, without the conversion)")
+    kind = schema.get("type")
+    if isinstance(kind, (list, dict)):
+        _refuse_unsupported(kind, where)
+        return
+    if kind in ("float", "double", "fixed", "error"):
+        raise ValueError(f"{where}: Avro type {kind!r} is not supported by the generated codec")
+    for field in schema.get("fields", ()):
+        _refuse_unsupported(field["type"], f"{where}.{field['name']}")
+    for key in ("items", "values"):
+        if key in schema:
+            _refuse_unsupported(schema[key], f"{where}.{key}")
 
 
 def _strip_hints(schema: Any) -> Any:
