@@ -461,6 +461,46 @@ def release(hold_id: str, account: str, client_id: str = CLIENT_ID, as_json: boo
     _send_one({"type": "release", "hold": hold_id, "account": account}, client_id, as_json)
 
 
+@app.command("holds")
+def holds(open_longer_than: str = typer.Option("7d", "--open-longer-than",
+                                               help="Placed at least this long ago: 90s, 30m, 12h, 7d."),
+          release_hold: Optional[str] = typer.Option(None, "--release", help="Release this listed hold."),
+          client_id: str = CLIENT_ID, as_json: bool = AS_JSON) -> None:
+    """Open holds placed longer ago than a duration, oldest first (a lost close or failure report strands one);
+    `--release HOLD` ends a listed one. Exit 1 when any is listed (connectors/holds.py)."""
+    import json
+    import time
+
+    from connectors.holds import duration_ms, open_holds
+    from projections.topics import read_topic
+
+    try:
+        older_than_ms = duration_ms(open_longer_than)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--open-longer-than") from None
+    settings = _kafka_settings()
+    found = open_holds((r.value for r in read_topic(settings, "results") if r.value is not None),
+                       int(time.time() * 1000), older_than_ms)
+    if release_hold is not None:
+        chosen = [h for h in found if h.hold_id == release_hold]
+        if not chosen:
+            typer.echo(f"error: {release_hold} is not an open hold placed {open_longer_than} ago or more", err=True)
+            raise typer.Exit(2)
+        _send_one({"type": "release", "hold": release_hold, "account": chosen[0].account_id}, client_id, as_json)
+    now_ms = int(time.time() * 1000)
+    if as_json:
+        typer.echo(json.dumps([{"hold_id": h.hold_id, "account_id": h.account_id, "amount": str(h.amount),
+                                "remaining": str(h.remaining), "placed_at_ms": h.placed_at_ms,
+                                "expires_at_ms": h.expires_at_ms} for h in found]))
+    else:
+        for h in found:
+            expiry = "no expiry" if h.expires_at_ms is None else f"expires at {h.expires_at_ms}"
+            typer.echo(f"  {h.hold_id:30} {h.account_id:28} remaining {h.remaining:>20}  "
+                       f"open {h.age_ms(now_ms) / 3_600_000:8.1f} h  {expiry}")
+        typer.echo(f"{len(found)} hold(s) open for {open_longer_than} or more")
+    raise typer.Exit(1 if found else 0)
+
+
 @app.command()
 def reverse(
     transaction_id: str = typer.Argument(..., help="The transaction to undo (posted by this client)."),

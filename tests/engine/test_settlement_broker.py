@@ -1,17 +1,20 @@
 """Ticks and late settlements through the real broker and one real worker (streams/ticks.py,
 streams/core/settlement.py): due holds expire on a partition nobody writes to, and a completion or a fill that
-arrives after its hold expired is still recorded, within one partition and across two.
+arrives after its hold expired is still recorded, within one partition and across two; `ledger holds` lists a
+hold left open and releases it.
 
 One worker, ticking every half second, serves the whole test (a worker start is the expensive part).
 """
 from __future__ import annotations
 
+import json
 import time
 
 from connectors import rules
 from connectors.client import LedgerClient
 from projections.verify import format_report, verify
 from tests.engine.test_end_to_end import latest_balances
+from tests.engine.test_wallet_ops import cli
 from tests.rules.scenario import in_different_partitions
 
 assert in_different_partitions("alice", "bob")
@@ -70,6 +73,15 @@ def test_ticks_expire_quiet_holds_and_late_settlements_still_post(settings, star
         wait_for(lambda: {a: (b[a]["posted"] if a in b else None)
                           for b in [latest_balances(settings)] for a in expected} == expected,
                  f"the balances {expected}")
+        # An order whose close report is lost (and whose event had no time, so no expiry): the operator lists
+        # long-open holds and releases it.
+        assert send(rules.OrderPlaced("ask-2", "alice", "sell", "BTC", "USDT", "0.1", "70000")) == "accepted"
+        listed = cli(settings, "holds", "--open-longer-than", "0s", "--json")
+        assert listed.returncode == 1, listed.stdout + listed.stderr  # 1: some are listed
+        assert [(h["hold_id"], h["remaining"]) for h in json.loads(listed.stdout)] == [("order:ask-2", "10000000")]
+        done = cli(settings, "holds", "--open-longer-than", "0s", "--release", "order:ask-2", "--json")
+        assert done.returncode == 0 and json.loads(done.stdout)["outcome"] == "accepted", done.stdout + done.stderr
+        wait_for(lambda: latest_balances(settings)["user:alice:BTC"]["held"] == "0", "the release")
         report = verify(settings)
         assert report.ok, format_report(report)
     finally:
