@@ -28,6 +28,7 @@ from projections.topics import SCHEMA_OF_TOPIC, TopicRecord, latest_per_account,
 from schemas.codec import DecodeError, codec
 from streams import routing
 from streams.config import Settings
+from streams.core.settlement import RECEIVABLE_MARK
 from streams.limits import echo_ids
 
 ENGINE_CLIENT = routing.ENGINE_CLIENT  # the client id of engine steps (follow-ups between partitions)
@@ -376,12 +377,25 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
                 if r.value["client_id"] == ENGINE_CLIENT and r.value["command_id"].endswith("~begin")}
     # A reversal posts one leg per leg of the transaction it mirrors (decided in one partition).
     per_transaction = Counter(e.value["transaction_id"] for e in entries.values() if e.value["transaction_id"])
+    # A late settlement's overdraw adds entries on its owner's receivable, an account the command does not name:
+    # its opening the first time, and a debit leg that takes all or part of a late capture's leg (which is then
+    # left out when nothing of it is left: streams/core/settlement.py).
+    receivable: dict[CommandKey, list[tuple[str, bool]]] = defaultdict(list)
+    for e in entries.values():
+        if f":{RECEIVABLE_MARK}" in e.value["account_id"]:
+            receivable[(e.value["client_id"], e.value["command_id"])].append(
+                (e.value["account_id"], e.value["kind"] != "account_opened"))
     for key, cmds in sent.items():
         if key not in accepted or key[0] == ENGINE_CLIENT:
             continue
         kind, body = _body(cmds[0])
         expected = len(body["legs"]) if kind == "PostTransaction" else \
             per_transaction[body["reverses"]] if kind == "ReverseTransaction" else 1
+        if kind == "PostTransaction" and key in receivable:
+            named = {leg["account_id"] for leg in body["legs"]}
+            added = [is_leg for account, is_leg in receivable[key] if account not in named]
+            if expected + len(added) - sum(added) <= per_command[key] <= expected + len(added):
+                continue
         if f"{key[0]}/{key[1]}" in spanning:
             credits = [leg for leg in body["legs"] if not leg["amount"].startswith("-")]
             expected = len(credits) + len({leg["currency"] or leg["account_id"].rsplit(":", 1)[-1] for leg in credits})
