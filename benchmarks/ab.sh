@@ -60,7 +60,7 @@ run() {  # tree label -> the figure on stdout; the run's output in $WORK/label.l
   echo "== $label: $BENCH ${ARGS[*]} (load average $(cut -d' ' -f1 /proc/loadavg))" >&2
   (cd "$tree" && PYTHONPATH="$tree" "$PY" "benchmarks/$BENCH.py" "${ARGS[@]}") 2>"$WORK/$label.err" | tee "$WORK/$label.log" >&2 \
     || { tail -20 "$WORK/$label.err" >&2; exit 1; }
-  grep -oP "$PATTERN" "$WORK/$label.log" | head -1 | sed -E "s/$PATTERN/\\1/" | tr -d ,
+  grep -oP "$PATTERN" "$WORK/$label.log" | head -1 | sed -E "s#$PATTERN#\\1#" | tr -d ,
 }
 
 A=(); B=()
