@@ -6,7 +6,7 @@ COPY streams streams
 COPY schemas schemas
 COPY projections projections
 COPY connectors connectors
-RUN pip install --no-cache-dir -c constraints.txt . \
+RUN pip install --no-cache-dir -c constraints.txt '.[registry]' \
     && useradd --create-home --uid 10001 ledger && mkdir -p /data && chown ledger /data
 # Not root: a worker needs only its state directory (LEDGER_DATA_DIR) and the network.
 USER ledger

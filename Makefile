@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,registry]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -96,6 +96,6 @@ clean: broker-stop
 
 # After changing dependencies in pyproject.toml: resolve them afresh, then pin what make test passed with.
 lock:
-	rm -rf $(VENV) && $(PY) -m venv $(VENV) && $(BIN)/pip install -q --upgrade pip && $(BIN)/pip install -q -e '.[test,mutate]'
+	rm -rf $(VENV) && $(PY) -m venv $(VENV) && $(BIN)/pip install -q --upgrade pip && $(BIN)/pip install -q -e '.[test,mutate,registry]'
 	{ sed -n '1,2p' constraints.txt; $(BIN)/pip freeze --exclude-editable; } > constraints.new && mv constraints.new constraints.txt
 	@touch $(STAMP) $(VENV)/.installed-mutate

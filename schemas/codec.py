@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,8 +123,15 @@ _codec: Codec | None = None
 
 
 def codec() -> Codec:
-    """The process-wide codec (schemas parsed once)."""
+    """The process-wide codec (schemas parsed once). With SCHEMA_REGISTRY_URL set, the registry's codec
+    (schemas/registry.py): the published topics in the Confluent wire format, the rest as here."""
     global _codec
     if _codec is None:
-        _codec = Codec()
+        url = os.environ.get("SCHEMA_REGISTRY_URL")
+        if url:
+            from schemas.registry import RegistryCodec
+
+            _codec = RegistryCodec(url)
+        else:
+            _codec = Codec()
     return _codec
