@@ -180,3 +180,25 @@ def test_judge_capture_counts_what_is_reserved_elsewhere():
     assert judge_capture("h1", hold, USER, 301, terms, 10, reserved=100)[0].code == "capture_exceeds_hold"
     assert judge_capture("h9", None, USER, 1, terms, 10)[0].code == "unknown_hold"
     assert HoldStatus.OPEN.value == "open"
+
+
+def test_a_frozen_account_still_takes_a_late_settlement_but_no_ordinary_debit():
+    from streams.core import FreezeAccount
+    ledger = Ledger()
+    release(ledger)
+    assert ledger.run(FreezeAccount(command_id="f", client_id="t", at_ms=6, account_id=USER)).accepted
+    assert ledger.capture(100, EXTERNAL).notice == LATE_SETTLEMENT       # the money already left
+    assert ledger.balance(USER) == (900, 0)
+    assert ledger.pay(USER, WORLD, 1, at_ms=7).reason.code == "account_frozen"
+
+
+def test_a_receivable_an_operator_closed_refuses_the_overdraw():
+    from streams.core import CloseAccount
+    ledger = Ledger()
+    release(ledger)
+    spend(1000)(ledger)
+    ledger.run(OpenAccount(command_id="o-r", client_id="t", at_ms=7, account_id=RECEIVABLE, currency="USD",
+                           policy=SYSTEM_POLICY))
+    assert ledger.run(CloseAccount(command_id="c-r", client_id="t", at_ms=8, account_id=RECEIVABLE)).accepted
+    result = ledger.capture(400, EXTERNAL)
+    assert result.reason.code == "account_closed" and ledger.balance(USER) == (0, 0)
