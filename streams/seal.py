@@ -20,7 +20,6 @@ anyone who reads this file could then forge engine steps.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import os
@@ -81,7 +80,7 @@ def record_mac(key: bytes, domain: bytes, topic: str, partition: int, value: byt
     for text in context:
         parts += [text.encode(), b"\x00"]
     parts.append(value)
-    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
+    return hmac.digest(key, b"".join(parts), "sha256")
 
 
 def single_header(headers: Headers, name: str) -> bytes | None:
