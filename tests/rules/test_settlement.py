@@ -150,3 +150,21 @@ def test_a_tick_expires_due_holds_on_a_quiet_partition_and_a_late_completion_sti
     assert not [r for r in s.bus.results if r["command_id"].startswith("tick")]  # a tick is answered by nothing
     (s.withdrawal_completed("w1", "bob", "USDT", "400", fee="1", expect="late_settlement")
      .assert_balances({"bob:USDT": ("599", "0"), "sys:custody:USDT": "-600"}))
+
+
+def test_a_fill_after_the_sell_orders_hold_was_closed_is_settled_and_the_coordinator_says_so():
+    """The seller's partition is a participant, not the coordinator: its vote carries the notice."""
+    s = (Scenario().users("alice", "bob")
+         .deposit("d-alice", "alice", "USDT", "40000")
+         .deposit("d-bob", "bob", "BTC", "0.2")
+         .order_placed("bid-1", "alice", "buy", "0.5", "60000")
+         .order_placed("ask-1", "bob", "sell", "0.2", "59900")
+         .order_closed("ask-1", "bob", "sell")                       # bob's close overtook the fill report
+         .assert_balances({"bob:BTC": ("0.2", "0")})
+         .trade("fill-1", "0.2", "59900", buyer=("alice", "bid-1"), seller=("bob", "ask-1"), fees=FEES,
+                expect="late_settlement")
+         .assert_balances({"alice:USDT": ("28020", "18020"), "alice:BTC": "0.1998", "bob:USDT": "11968.02",
+                           "bob:BTC": "0"})
+         .assert_hold("order:ask-1", "bob:BTC", "released"))
+    hold = s.bus.hold("order:ask-1", "user:bob:BTC")
+    assert (hold.captured, hold.released) == (20_000000, 0)
