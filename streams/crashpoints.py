@@ -25,7 +25,7 @@ from typing import Any, Callable
 EXIT_CODE = 86  # distinct from the commit path's own exit (70) and from a signal
 
 POINTS = {
-    "after_outputs": "step 3 done (outputs acknowledged inside open transactions), changelog not yet produced",
+    "after_outputs": "step 3 done (outputs produced, unflushed, inside open transactions), changelog not yet produced",
     "during_transaction_commit": "step 4, one partition: outputs, redo records and mark flushed in its open "
                                  "transaction, the commit not asked for",
     "after_changelog": "step 4 done (every transaction committed), step 5 not started",

@@ -17,7 +17,7 @@ Commit path of one batch (the numbered steps the crash-safety argument in docs/e
      what was decided so far (between records), and deciding goes on.
   3. Per partition: begin a transaction and produce its outputs (results, history, balances, dead
      letters, follow-up commands) into it.
-     [after_outputs]: every partition's outputs produced and acknowledged inside open transactions.
+     [after_outputs]: every partition's outputs produced (not yet flushed) inside open transactions.
   4. Per partition, in the same transaction: one changelog record per decided command (the complete redo
      record), then a covered mark (key m/covered: the next commands offset this transaction covers). Then
      commit the transactions (each partition's on its own producer, concurrently). A fenced producer (another
@@ -507,7 +507,8 @@ class Engine:
             if self._snapshot_due(p, owned[p]):
                 marks[p][SNAPSHOT_KEY] = self._send_snapshot(p, producer, owned[p])
             self._send(outputs, producer)
-        self._map(self._flush_outputs, batches)
+        # No flush here: the outputs, redo records and mark are one transaction, all visible or none, so the
+        # outputs need not be acknowledged before the redo records are sent; step 4's flush covers both.
         crash_point("after_outputs", batches)
         last: dict[int, int] = {}
         self._map(lambda p: self._commit_partition(p, batches[p][1], upto[p], last), batches)  # 4.
@@ -531,14 +532,6 @@ class Engine:
             return
         for future in [self._pool.submit(fn, p) for p in partitions]:
             future.result()
-
-    def _flush_outputs(self, p: int) -> None:
-        try:
-            remaining = self.producers[p].flush(FLUSH_TIMEOUT_S)
-        except KafkaException as exc:  # a fatal error (fenced) is raised here
-            self._raise(p, exc)
-        if remaining:
-            raise DeliveryFailed(f"partition {p}: {remaining} outputs not acknowledged within {FLUSH_TIMEOUT_S}s")
 
     def _commit_partition(self, p: int, changelog: list[bytes], covered: int, last: dict[int, int]) -> None:
         """Step 4 for one partition: its redo records and covered mark, then the transaction's commit."""
