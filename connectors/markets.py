@@ -11,6 +11,8 @@ with the exchange, on ``sys:rounding:<quote>`` (``rules.rounding_account``):
 
 * the buyer pays the notional rounded ``pay_rounding`` (default up),
 * the seller receives it rounded ``receive_rounding`` (default down),
+* each side's fee is rounded ``buyer_fee_rounding`` / ``seller_fee_rounding`` (default down: never more than
+  the rate; the event's own ``fee_rounding`` applies only to a pair without a market),
 * a limit buy reserves qty x limit rounded ``reserve_rounding`` (default up) plus a margin of one minor unit per
   lot when a lot at a tick is not a whole number of quote minor units: a fill pays at most one unit more than
   its exact notional, an order fills in at most qty / lot fills, so the fills never exceed the reservation
@@ -60,6 +62,8 @@ class Market:
     reserve_rounding: Rounding = "up"  # a limit buy's reservation of qty x limit: up (or exact)
     pay_rounding: Rounding = "up"  # what the buyer pays of an inexact notional
     receive_rounding: Rounding = "down"  # what the seller receives of it
+    buyer_fee_rounding: Rounding = "down"  # the buyer's fee (in base): never more than its rate
+    seller_fee_rounding: Rounding = "down"  # the seller's fee (in quote, of what it receives)
 
     @property
     def symbol(self) -> str:
@@ -69,7 +73,8 @@ class Market:
         base, quote = registry.get(self.base), registry.get(self.quote)
         if base is None or quote is None:
             raise UnknownCurrency("market", f"market {self.symbol} names an unregistered currency")
-        for field in ("reserve_rounding", "pay_rounding", "receive_rounding"):
+        for field in ("reserve_rounding", "pay_rounding", "receive_rounding", "buyer_fee_rounding",
+                      "seller_fee_rounding"):
             if getattr(self, field) not in _ROUNDINGS:
                 raise InvalidEvent(f"market.{field}", f"must be one of {_ROUNDINGS}")
         if self.reserve_rounding == "down":

@@ -686,8 +686,11 @@ def _trade(e: TradeExecuted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]
     maker_rate = ratio(e.maker_fee_rate, "maker_fee_rate", allow_zero=True)
     taker_rate = ratio(e.taker_fee_rate, "taker_fee_rate", allow_zero=True)
     buyer_rate, seller_rate = (maker_rate, taker_rate) if e.maker == "buyer" else (taker_rate, maker_rate)
-    buyer_fee = 0 if buyer.user is None else fee_of(qty, buyer_rate, rounding, "buyer fee")
-    seller_fee = 0 if seller.user is None else fee_of(notional, seller_rate, rounding, "seller fee")
+    # With a market, each side's fee is rounded as the market says; else as the event says, for both.
+    buyer_rounding, seller_rounding = (rounding, rounding) if market is None else \
+        (market.buyer_fee_rounding, market.seller_fee_rounding)
+    buyer_fee = 0 if buyer.user is None else fee_of(qty, buyer_rate, buyer_rounding, "buyer fee")
+    seller_fee = 0 if seller.user is None else fee_of(notional, seller_rate, seller_rounding, "seller fee")
     if buyer_fee > qty or seller_fee > notional:
         raise InvalidAmount("fee_rate", "a fee larger than what the side receives")
 
@@ -712,7 +715,8 @@ def _trade(e: TradeExecuted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]
     if market is not None:  # how this fill was rounded, on the transaction itself
         meta.update(market=market.symbol, notional=f"{fill.notional[0]}/{fill.notional[1]}",
                     buyer_pays=str(pays), seller_gets=str(notional), rounding_dust=str(dust),
-                    pay_rounding=market.pay_rounding, receive_rounding=market.receive_rounding)
+                    pay_rounding=market.pay_rounding, receive_rounding=market.receive_rounding,
+                    fee_rounding=f"buyer:{buyer_rounding},seller:{seller_rounding}")
     cid = _command_id(spec.name, tid, _attempt(e.attempt))
     return (_transaction(ctx, cid, legs, kind="trade", reference=tid, metadata=meta,
                          occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms")),)

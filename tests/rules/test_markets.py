@@ -179,3 +179,18 @@ def test_markets_are_pure():
     imported = {alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"__future__", "dataclasses", "math", "typing", "connectors.rules", "streams.core.money"}
+
+
+def test_each_sides_fee_is_rounded_as_the_market_says_and_recorded():
+    """0.00003 BTC at 33.33 between two users, 0.1 % each: the seller receives 0.000999 USDT, its fee is
+    0.000000999 (up: 0.000001); the buyer's fee of 0.00003 BTC is 0.00000003 (down: exact)."""
+    market = Market("BTC", "USDT", lot="0.00001", tick="0.01", seller_fee_rounding="up")
+    s = (Scenario(Context(markets=(market,))).users("alice", "bob")
+         .deposit("d1", "alice", "USDT", "1")
+         .deposit("d2", "bob", "BTC", "0.00003")
+         .order_placed("bid", "alice", "buy", "0.00003", "33.33")
+         .order_placed("ask", "bob", "sell", "0.00003", "33.33")
+         .trade("t1", "0.00003", "33.33", buyer=("alice", "bid"), seller=("bob", "ask"), fees=("0.001", "0.001"))
+         .assert_balances({"bob:USDT": "0.000998", "sys:fees:USDT": "0.000001", "alice:BTC": "0.00002997",
+                           "sys:fees:BTC": "0.00000003", "sys:rounding:USDT": "0.000001"}))
+    assert metadata(s)["fee_rounding"] == "buyer:down,seller:up"
