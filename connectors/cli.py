@@ -42,6 +42,8 @@ app.add_typer(topics_app, name="topics")
 show_app = typer.Typer(help="Read balances, history and holds from the read API (`ledger api`).",
                        no_args_is_help=True)
 app.add_typer(show_app, name="show")
+report_app = typer.Typer(help="Month-end reports from the read API (`ledger api`).", no_args_is_help=True)
+app.add_typer(report_app, name="report")
 API_URL = typer.Option("http://127.0.0.1:8080", "--api", envvar="LEDGER_API_URL", help="The read API.")
 AS_JSON = typer.Option(False, "--json", help="Print the API's JSON.")
 
@@ -421,9 +423,14 @@ CLIENT_ID = typer.Option("cli", "--client-id", envvar="LEDGER_CLIENT_ID",
 
 
 @app.command("open")
-def open_account(account: str, currency: str, client_id: str = CLIENT_ID, as_json: bool = AS_JSON) -> None:
+def open_account(account: str, currency: str,
+                 account_type: Optional[str] = typer.Option(None, "--type", help="asset, liability, equity, revenue "
+                                                            "or expense (default: by its name; a customer "
+                                                            "account is a liability)."),
+                 client_id: str = CLIENT_ID, as_json: bool = AS_JSON) -> None:
     """Open an account, e.g. `ledger open user:42:USD USD`."""
-    _send_one({"type": "open", "account": account, "currency": currency}, client_id, as_json)
+    _send_one({"type": "open", "account": account, "currency": currency,
+               **({"account_type": account_type} if account_type else {})}, client_id, as_json)
 
 
 @app.command()
@@ -499,6 +506,31 @@ def holds(open_longer_than: str = typer.Option("7d", "--open-longer-than",
                        f"open {h.age_ms(now_ms) / 3_600_000:8.1f} h  {expiry}")
         typer.echo(f"{len(found)} hold(s) open for {open_longer_than} or more")
     raise typer.Exit(1 if found else 0)
+
+
+@report_app.command("trial-balance")
+def report_trial_balance(
+    as_of: Optional[str] = typer.Option(None, "--as-of", help="YYYY-MM-DD (the whole day, UTC), an ISO 8601 date "
+                                                              "and time, or ms since the epoch; default: now."),
+    api: str = API_URL, as_json: bool = AS_JSON,
+) -> None:
+    """Every account's balance by currency and account type, debits against credits; exit 1 if they differ."""
+    path = "/reports/trial-balance" + (f"?as_of={as_of}" if as_of else "")
+    data = _show(api, path, as_json)
+    if data is None:
+        return
+    typer.echo(f"trial balance as of {as_of or 'now'}")
+    for c in data["currencies"]:
+        typer.echo(f"\n{c['currency']:<8}{'type':<11}{'debit':>24}{'credit':>24}")
+        for a in c["accounts"]:
+            typer.echo(f"  {a['account_id']:<40}{a['account_type']:<11}"
+                       f"{_money(a['debit']):>24}{_money(a['credit']):>24}")
+        for t in c["types"]:
+            typer.echo(f"  {'total ' + t['account_type']:<40}{t['normal_balance'] + '-normal':<11}"
+                       f"{_money(t['debit']):>24}{_money(t['credit']):>24}  balance {_money(t['balance'])}")
+        typer.echo(f"  {'total':<51}{_money(c['debit']):>24}{_money(c['credit']):>24}  "
+                   f"{'balanced' if c['balanced'] else 'NOT BALANCED'}")
+    raise typer.Exit(0 if data["balanced"] else 1)
 
 
 @app.command()

@@ -241,10 +241,14 @@ class LedgerClient:
         self._producer.flush(30)
 
     def open_account(self, account_id: str, currency: str, *, command_id: str | None = None,
-                     allow_negative: bool = False, overdraft_limit: int = 0, max_balance: int | None = None) -> str:
+                     allow_negative: bool = False, overdraft_limit: int = 0, max_balance: int | None = None,
+                     account_type: str | None = None) -> str:
+        """account_type: asset, liability, equity, revenue or expense (None: by its name; a customer account
+        is a liability). The ledger refuses another word (invalid_command)."""
         body = {"account_id": account_id, "currency": currency, "allow_negative": allow_negative,
                 "overdraft_limit": str(overdraft_limit),
-                "max_balance": None if max_balance is None else str(max_balance), "routing_key": None}
+                "max_balance": None if max_balance is None else str(max_balance), "routing_key": None,
+                "account_type": account_type}
         return self.send(command_id or f"open:{account_id}", "OpenAccount", body, account_id)
 
     def post(self, transaction_id: str, legs: Iterable[Leg], *, kind: str = "transfer",

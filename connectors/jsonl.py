@@ -1,6 +1,6 @@
 """The JSON Lines command format of `ledger submit`: one command per line, amounts as exact decimal strings.
 
-    {"type": "open", "account": "user:1:USD", "currency": "USD"}
+    {"type": "open", "account": "user:1:USD", "currency": "USD"}      (optional "account_type": "asset", ...)
     {"type": "post", "id": "dep-1", "kind": "deposit",
      "legs": [{"account": "sys:world:USD", "amount": "-10.00"}, {"account": "user:1:USD", "amount": "10.00"}]}
     {"type": "hold", "id": "order-7", "account": "user:1:USD", "amount": "2.50", "expires_at_ms": 1767225600000}
@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from connectors.client import LedgerClient, Leg
 from streams import routing
-from streams.core import DEFAULT_CURRENCIES, CurrencyRegistry, Rejection, parse_amount
+from streams.core import DEFAULT_CURRENCIES, AccountType, CurrencyRegistry, Rejection, parse_amount
 
 
 class LineError(ValueError):
@@ -95,9 +95,12 @@ def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CU
         if currencies.get(currency) is None:
             raise LineError(f"unknown currency {currency!r}")
         overdraft = _minor(obj.get("overdraft_limit", "0"), currency, currencies, "overdraft_limit")
+        account_type = _optional_text(obj, "account_type")
+        if account_type is not None and account_type not in {t.value for t in AccountType}:
+            raise LineError(f"'account_type' must be one of {', '.join(t.value for t in AccountType)}")
         open_id = command_id or derived_id("open", account, number, text)
         return Parsed(number, lambda c: c.open_account(account, currency, command_id=open_id,
-                                                       overdraft_limit=overdraft))
+                                                       overdraft_limit=overdraft, account_type=account_type))
     if kind == "post":
         legs_in = obj.get("legs")
         if not isinstance(legs_in, list) or len(legs_in) < 2:

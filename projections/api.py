@@ -48,6 +48,7 @@ from projections.db import display
 from projections.drift import CHECK_EVERY_S as DRIFT_EVERY_S, DriftChecker, run as run_drift
 from projections.metrics import ReadSideCollector, StatsCache, money, transfers_older_than
 from connectors.rules import RULE_KEY, RULE_VERSION_KEY
+from projections.reports import BadAsOf, parse_as_of, trial_balance_json
 from projections.store import Store
 from projections.worker_metrics import WorkerMetrics, endpoints
 from streams import routing
@@ -512,6 +513,15 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
                     "results": [_result(r) for r in results if r["client_id"] != routing.ENGINE_CLIENT]}
 
         return await answer(body)
+
+    @app.get("/reports/trial-balance", summary="Every account's balance as of a business time, by currency and "
+                                               "account type, debits against credits", responses=_errors(422))
+    async def get_trial_balance(as_of: str | None = Query(None, max_length=64)):
+        try:
+            as_of_ms = None if as_of is None else parse_as_of(as_of)
+        except BadAsOf as exc:
+            raise ApiError(422, "invalid_parameter", str(exc)) from None
+        return await answer(lambda store: trial_balance_json(store.trial_balance(as_of_ms), as_of_ms))
 
     @app.get("/history", summary="History entries of the transactions that link to a transaction (link=) or "
                                  "of its whole flow (flow=): it and everything linked to it, either way",

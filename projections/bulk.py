@@ -402,7 +402,7 @@ def _finish(conn, settings: Settings, loaded: list[Loaded], parts: list[str]) ->
     for account_id, v in sorted(total.balances.items()):
         base = routing.unsharded(account_id)
         accounts.append((account_id, base, v["currency"], v["status"], v["posted"], v["held"], v["available"],
-                         v["seq"], v["last_transaction_id"], v["updated_at_ms"], version))
+                         v["seq"], v["last_transaction_id"], v["updated_at_ms"], version, v.get("account_type")))
         sums[v["currency"]] += int(v["posted"])
         groups[base].append(v)
     views = []

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from streams import routing
 from streams.core.apply import KIND_ACCOUNT_OPENED, KIND_STATUS
+from streams.core.accounting import ACCOUNT_TYPE_KEY, default_account_type
 
 # The account status a history entry's kind sets; every other kind (a leg, a hold change) leaves it.
 STATUS_OF_KIND = {KIND_ACCOUNT_OPENED: "open", **{kind: status.value for status, kind in KIND_STATUS.items()}}
@@ -36,6 +37,7 @@ class Balance:
     seq: int
     last_transaction_id: str | None
     updated_at_ms: int
+    account_type: str  # recorded on its account_opened entry; by its name when the entry predates types
 
     @property
     def available(self) -> int:
@@ -46,16 +48,18 @@ class Balance:
         return {"account_id": self.account_id, "currency": self.currency, "status": self.status,
                 "posted": str(self.posted), "held": str(self.held), "available": str(self.available),
                 "seq": self.seq, "last_transaction_id": self.last_transaction_id,
-                "updated_at_ms": self.updated_at_ms}
+                "updated_at_ms": self.updated_at_ms, "account_type": self.account_type}
 
 
 def step(before: Balance | None, entry: Mapping[str, Any]) -> Balance:
     """The account after one more history entry (before: None for its first entry)."""
     if before is None:
-        before = Balance(entry["account_id"], entry["currency"], "open", 0, 0, 0, None, entry["at_ms"])
+        recorded = (entry.get("metadata") or {}).get(ACCOUNT_TYPE_KEY)
+        before = Balance(entry["account_id"], entry["currency"], "open", 0, 0, 0, None, entry["at_ms"],
+                         recorded or default_account_type(entry["account_id"]).value)
     return Balance(entry["account_id"], entry["currency"], STATUS_OF_KIND.get(entry["kind"], before.status),
                    before.posted + int(entry["amount"]), int(entry["held_after"]), entry["seq"],
-                   entry["transaction_id"] or before.last_transaction_id, entry["at_ms"])
+                   entry["transaction_id"] or before.last_transaction_id, entry["at_ms"], before.account_type)
 
 
 def walk(journal: Iterable[Mapping[str, Any]]) -> Iterator[tuple[Mapping[str, Any], Balance]]:

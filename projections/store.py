@@ -33,6 +33,8 @@ from projections.db import Connection, transaction
 from projections import fold
 from projections.fold import fold_holds, newer_hold, sum_shards
 from streams import routing
+from streams.core.accounting import CurrencyTrialBalance, TrialBalanceLine, default_account_type, trial_balance
+from streams.core.model import AccountType
 
 TOPICS = ("balances", "history", "results")
 
@@ -50,7 +52,7 @@ CREATE TABLE IF NOT EXISTS end_offsets (topic TEXT NOT NULL, partition BIGINT NO
 -- Latest balance record per account id as published (system accounts: one row per shard, sys:x:CUR@n).
 CREATE TABLE IF NOT EXISTS accounts (account_id TEXT PRIMARY KEY, base_id TEXT NOT NULL, currency TEXT NOT NULL,
     status TEXT NOT NULL, posted TEXT NOT NULL, held TEXT NOT NULL, available TEXT NOT NULL, seq BIGINT NOT NULL,
-    last_transaction_id TEXT, updated_at_ms BIGINT NOT NULL, version BIGINT NOT NULL);
+    last_transaction_id TEXT, updated_at_ms BIGINT NOT NULL, version BIGINT NOT NULL, account_type TEXT);
 CREATE INDEX IF NOT EXISTS accounts_base ON accounts (base_id);
 -- The reported view: one row per account as users see it (system shards summed). seq of a system account is
 -- the sum of its shards' seqs: it still grows by one per change, so it works as a version.
@@ -107,7 +109,7 @@ RESULT_COLUMNS = ("client_id", "command_id", "outcome", "reason", "detail", "tra
 HOLD_COLUMNS = ("hold_id", "account_id", "amount", "captured", "released", "status", "expires_at_ms",
                 "updated_at_ms")
 ACCOUNT_COLUMNS = ("account_id", "base_id", "currency", "status", "posted", "held", "available", "seq",
-                   "last_transaction_id", "updated_at_ms", "version")
+                   "last_transaction_id", "updated_at_ms", "version", "account_type")
 VIEW_COLUMNS = ("account_id", "currency", "status", "posted", "held", "available", "seq", "shards",
                 "last_transaction_id", "updated_at_ms", "nonzero_since_ms", "version")
 
@@ -209,15 +211,16 @@ class Store:
             refold_by_time(self.conn, [r[0] for r in self.conn.execute("SELECT DISTINCT account_id FROM history")])
 
     def _add_detail_columns(self) -> None:
-        """A store written before history carried links, metadata and the rate snapshot gets the columns
-        (empty for the entries it has: their records carried none)."""
+        """A store written before history carried links, metadata and the rate snapshot, or balances their
+        account type, gets the columns (empty for the rows it has: their records carried none)."""
         columns = [d[0] for d in self.conn.execute("SELECT * FROM history LIMIT 0").description]
-        if "links" in columns:
-            return
         with transaction(self.conn):
-            self.conn.execute("ALTER TABLE history ADD COLUMN links TEXT NOT NULL DEFAULT '[]'")
-            self.conn.execute("ALTER TABLE history ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'")
-            self.conn.execute("ALTER TABLE history ADD COLUMN rate_snapshot_id TEXT")
+            if "links" not in columns:
+                self.conn.execute("ALTER TABLE history ADD COLUMN links TEXT NOT NULL DEFAULT '[]'")
+                self.conn.execute("ALTER TABLE history ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'")
+                self.conn.execute("ALTER TABLE history ADD COLUMN rate_snapshot_id TEXT")
+            if "account_type" not in [d[0] for d in self.conn.execute("SELECT * FROM accounts LIMIT 0").description]:
+                self.conn.execute("ALTER TABLE accounts ADD COLUMN account_type TEXT")
 
     def _bind_prefix(self, prefix: str) -> None:
         row = self.conn.execute("SELECT value FROM meta WHERE key = 'prefix'").fetchone()
@@ -360,7 +363,7 @@ class Store:
             base = routing.unsharded(account_id)
             bases.add(base)
             rows.append((account_id, base, v["currency"], v["status"], v["posted"], v["held"], v["available"],
-                         v["seq"], v["last_transaction_id"], v["updated_at_ms"], version))
+                         v["seq"], v["last_transaction_id"], v["updated_at_ms"], version, v.get("account_type")))
         self.conn.executemany(REPLACE_ACCOUNT, rows)
         for currency, delta in sums.items():
             row = self.conn.execute("SELECT posted FROM currency_sums WHERE currency = ?", (currency,)).fetchone()
@@ -505,6 +508,22 @@ class Store:
                                     "ORDER BY at_ms DESC, seq DESC LIMIT 1", (shard, as_of_ms)).fetchone()
             held += int(row[0]) if row else 0
         return posted, held
+
+    def trial_balance(self, as_of_ms: int | None = None) -> tuple[CurrencyTrialBalance, ...]:
+        """Every account with a balance (now, or as of a business time: `balance_as_of_ms`), system accounts
+        summed over their shards, totalled by currency and account type (streams/core/accounting.py). An
+        account whose balance record predates types gets the type its name says."""
+        posted: dict[str, int] = defaultdict(int)
+        kind: dict[str, tuple[str, AccountType]] = {}
+        for r in self.conn.execute("SELECT account_id, base_id, currency, posted, account_type FROM accounts"):
+            if as_of_ms is None:
+                posted[r["base_id"]] += int(r["posted"])
+            else:
+                posted[r["base_id"]] += self.balance_as_of_ms(r["account_id"], as_of_ms)[0]
+            kind[r["base_id"]] = (r["currency"], AccountType(r["account_type"]) if r["account_type"]
+                                  else default_account_type(r["base_id"]))
+        return trial_balance(TrialBalanceLine(base, kind[base][0], kind[base][1], total)
+                             for base, total in posted.items() if total)
 
     def linked_to(self, transaction_id: str) -> list[str]:
         """The transactions whose links name transaction_id (its reversals, refunds ...), by id."""

@@ -268,7 +268,11 @@ class _Gen:
         lines = [f"def {fname}(r):"]
         parts: list[str] = [repr(prefix)] if prefix else []
         for field in schema["fields"]:
-            stmts, fparts = self.enc(field["type"], f"r[{field['name']!r}]")
+            # A field with a default may be left out, as fastavro's writer allows: a producer written before
+            # the field existed keeps working (schemas gain fields with defaults over time).
+            value = f"r[{field['name']!r}]" if "default" not in field else \
+                f"r.get({field['name']!r}, {self.const(field['default'])})"
+            stmts, fparts = self.enc(field["type"], value)
             lines += ["    " + s for s in stmts]
             parts += fparts
         if not parts:

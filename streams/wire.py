@@ -9,11 +9,13 @@ import re
 from typing import Any
 
 from streams import core
+from streams.core.accounting import default_account_type
 from streams.limits import MAX_AMOUNT_CHARS
 from streams.core import (
     Account,
     AccountPolicy,
     AccountStatus,
+    AccountType,
     HistoryEntry,
     Hold,
     HoldStatus,
@@ -82,9 +84,10 @@ def command_from_wire(record: dict[str, Any], at_ms: int) -> core.Command:
             overdraft_limit=parse_minor(body["overdraft_limit"], "overdraft_limit"),
             max_balance=_optional_minor(body["max_balance"], "max_balance"),
         )
+        account_type = body.get("account_type")
         return core.OpenAccount(
             **common, account_id=body["account_id"], currency=body["currency"], policy=policy,
-            routing_key=body["routing_key"],
+            routing_key=body["routing_key"], account_type=None if account_type is None else AccountType(account_type),
         )
     if kind == "PlaceHold":
         return core.PlaceHold(
@@ -128,6 +131,7 @@ def command_to_wire(command: core.Command) -> dict[str, Any]:
             "allow_negative": policy.allow_negative, "overdraft_limit": str(policy.overdraft_limit),
             "max_balance": None if policy.max_balance is None else str(policy.max_balance),
             "routing_key": command.routing_key,
+            "account_type": None if command.account_type is None else command.account_type.value,
         }
     elif isinstance(command, core.PlaceHold):
         body = {
@@ -155,6 +159,7 @@ def account_to_record(a: Account) -> dict[str, Any]:
         "max_balance": None if a.policy.max_balance is None else str(a.policy.max_balance),
         "status": a.status.value, "posted": str(a.posted), "held": str(a.held), "seq": a.seq,
         "last_transaction_id": a.last_transaction_id, "updated_at_ms": a.updated_at_ms,
+        "account_type": a.account_type.value,
     }
 
 
@@ -166,6 +171,7 @@ def account_from_record(r: dict[str, Any]) -> Account:
     return Account(
         r["account_id"], r["currency"], r["routing_key"], policy, AccountStatus(r["status"]),
         int(r["posted"]), int(r["held"]), r["seq"], r["last_transaction_id"], r["updated_at_ms"],
+        AccountType(r["account_type"]) if r.get("account_type") else default_account_type(r["account_id"]),
     )
 
 
@@ -258,4 +264,5 @@ def balance_to_wire(a: Account) -> dict[str, Any]:
         "account_id": a.id, "currency": a.currency, "status": a.status.value, "posted": str(a.posted),
         "held": str(a.held), "available": str(a.available), "seq": a.seq,
         "last_transaction_id": a.last_transaction_id, "updated_at_ms": a.updated_at_ms,
+        "account_type": a.account_type.value,
     }

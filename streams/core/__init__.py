@@ -36,6 +36,7 @@ from streams.core.model import (
     Account,
     AccountPolicy,
     AccountStatus,
+    AccountType,
     HistoryEntry,
     Hold,
     HoldStatus,
@@ -57,7 +58,8 @@ from streams.core.state import Changes, InboxKey, MemoryState, StateReader, no_c
 from streams.core.views import BalanceView, balance_as_of_seq, balance_as_of_time
 
 __all__ = [
-    "Account", "AccountOpened", "AccountPolicy", "AccountStatus", "AccountStatusChanged", "BalanceView",
+    "Account", "AccountOpened", "AccountPolicy", "AccountStatus", "AccountStatusChanged", "AccountType",
+    "BalanceView",
     "Changes", "CloseAccount", "Command", "Currency", "CurrencyRegistry", "DEFAULT_CURRENCIES",
     "DEFAULT_POLICY", "Event", "ExpireHold", "FreezeAccount", "HistoryEntry", "Hold", "HoldExpired",
     "HoldPlaced", "HoldReleased", "HoldStatus", "InboxKey", "Leg", "MAX_ABS_AMOUNT", "MAX_LEGS",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from streams.core.accounting import ACCOUNT_TYPE_KEY, default_account_type
 from streams.core.events import (
     AccountOpened,
     AccountStatusChanged,
@@ -60,13 +61,14 @@ class _Overlay:
             assert hold is not None, f"event for unknown hold {hold_id}"
         return hold
 
-    def note(self, account: Account, kind: str, at_ms: int, hold_id: str | None) -> None:
+    def note(self, account: Account, kind: str, at_ms: int, hold_id: str | None,
+             metadata: tuple[tuple[str, str], ...] = ()) -> None:
         """Store a non-posting change of account and its history entry."""
         self.accounts[account.id] = account
         self.history.append(
             HistoryEntry(
                 account.id, account.seq, 0, account.posted, account.held, None, kind, None, None, at_ms,
-                hold_id,
+                hold_id, (), metadata,
             )
         )
 
@@ -78,13 +80,16 @@ def _with(account: Account, *, status: AccountStatus | None = None, held: int | 
         account.id, account.currency, account.routing_key, account.policy,
         account.status if status is None else status, account.posted,
         account.held if held is None else held, account.seq + 1, account.last_transaction_id, at_ms,
+        account.account_type,
     )
 
 
 def _apply_opened(o: _Overlay, e: AccountOpened) -> None:
     assert o.accounts.get(e.account_id) is None and o.state.account(e.account_id) is None
-    account = Account(e.account_id, e.currency, e.routing_key, e.policy, AccountStatus.OPEN, 0, 0, 1, None, e.at_ms)
-    o.note(account, KIND_ACCOUNT_OPENED, e.at_ms, None)
+    account_type = e.account_type if e.account_type is not None else default_account_type(e.account_id)
+    account = Account(e.account_id, e.currency, e.routing_key, e.policy, AccountStatus.OPEN, 0, 0, 1, None, e.at_ms,
+                      account_type)
+    o.note(account, KIND_ACCOUNT_OPENED, e.at_ms, None, ((ACCOUNT_TYPE_KEY, account_type.value),))
 
 
 def _apply_status(o: _Overlay, e: AccountStatusChanged) -> None:
@@ -127,7 +132,7 @@ def _apply_posted(o: _Overlay, e: TransactionPosted) -> None:
         seq = account.seq + 1
         accounts[account.id] = Account(
             account.id, account.currency, account.routing_key, account.policy, account.status, posted, held,
-            seq, tx, at_ms,
+            seq, tx, at_ms, account.account_type,
         )
         history.append(
             HistoryEntry(account.id, seq, amount, posted, held, tx, e.kind, e.reference, e.occurred_at_ms,

@@ -20,7 +20,7 @@ from streams.core._checks import (
     require_optional_str,
     require_str,
 )
-from streams.core.model import AccountPolicy, Leg
+from streams.core.model import AccountPolicy, AccountType, Leg
 
 
 class _CommandBase:
@@ -65,6 +65,7 @@ class OpenAccount(_CommandBase):
     currency: str  # code of a registered currency
     policy: AccountPolicy = AccountPolicy()  # negative / overdraft / cap rules
     routing_key: str | None = None  # None -> routing_key_for(account_id), the owner part
+    account_type: AccountType | None = None  # None -> by its name (accounting.default_account_type)
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -73,11 +74,16 @@ class OpenAccount(_CommandBase):
         if not isinstance(self.policy, AccountPolicy):
             raise TypeError(f"policy must be an AccountPolicy, got {self.policy!r}")
         require_optional_str(self.routing_key, "routing_key")
+        if self.account_type is not None and not isinstance(self.account_type, AccountType):
+            raise TypeError(f"account_type must be an AccountType, got {self.account_type!r}")
 
     def _payload(self) -> tuple:
+        # The type joins the payload only when given, so an opening sent before types existed keeps its
+        # fingerprint (a retry of it is still a duplicate, not an id_conflict).
+        typed = () if self.account_type is None else (self.account_type.value,)
         return (
             "OpenAccount", self.client_id, self.command_id, self.account_id, self.currency,
-            _policy_payload(self.policy), self.routing_key,
+            _policy_payload(self.policy), self.routing_key, *typed,
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from streams.core.model import AccountPolicy, AccountStatus, Leg
+from streams.core.model import AccountPolicy, AccountStatus, AccountType, Leg
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,6 +21,7 @@ class AccountOpened:
     routing_key: str  # its resolved routing key
     policy: AccountPolicy  # its policy
     at_ms: int  # log time of the opening command
+    account_type: AccountType | None = None  # None -> by its name (accounting.default_account_type)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

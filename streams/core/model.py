@@ -29,6 +29,30 @@ class HoldStatus(str, enum.Enum):
     EXPIRED = "expired"  # the remainder went back to available because log time passed expires_at_ms
 
 
+class AccountType(str, enum.Enum):
+    """What an account is in the books, which says its normal balance direction (docs/wallet-operations.md).
+
+    A leg's sign is the ledger's: negative debits, positive credits, so a posted balance below zero is a
+    debit balance. A debit-normal account (asset, expense) reads -posted as its balance: custody holding
+    40,000 has posted -40,000 and reads +40,000. A credit-normal one (liability, equity, revenue) reads posted.
+    """
+
+    ASSET = "asset"  # what the operator holds or is owed: custody wallets, receivables, money in transit
+    LIABILITY = "liability"  # what it owes: customer balances (the default of an opened account)
+    EQUITY = "equity"  # the owners' stake and the world outside the books (opening balances)
+    REVENUE = "revenue"  # what it earned: fees
+    EXPENSE = "expense"  # what it spent
+
+    @property
+    def debit_normal(self) -> bool:
+        """True when a debit (negative posted) is this type's normal balance."""
+        return self in (AccountType.ASSET, AccountType.EXPENSE)
+
+    def normal_balance(self, posted: int) -> int:
+        """posted read in this type's normal direction (custody's -40,000 reads 40,000)."""
+        return -posted if self.debit_normal else posted
+
+
 @dataclass(frozen=True, slots=True)
 class AccountPolicy:
     """What an account may do with its balance. Values are validated by decide (bad ones: invalid_command)."""
@@ -73,6 +97,7 @@ class Account:
     seq: int  # count of changes to this record (open = 1); every change adds exactly 1 (P3)
     last_transaction_id: str | None  # the last transaction that posted a leg here, for the balance view
     updated_at_ms: int  # log time (ms) of the command that made the last change
+    account_type: AccountType = AccountType.LIABILITY  # its place in the books, fixed when it is opened
 
     @property
     def available(self) -> int:

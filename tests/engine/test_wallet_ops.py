@@ -1,4 +1,5 @@
-"""A wallet operator's commands through the real broker and one real worker: reversals (client, CLI and rule).
+"""A wallet operator's commands through the real broker and one real worker: reversals (client, CLI and rule),
+account types and the trial balance (projected from the topics into a read store, read through the API).
 
 One worker serves the whole file's test (a worker start is the expensive part), so each command a wallet
 operator gained is proven end to end at a small wall-time cost.
@@ -10,8 +11,12 @@ import os
 import subprocess
 import sys
 
+from fastapi.testclient import TestClient
+
 from connectors import rules
 from connectors.client import LedgerClient, Leg
+from projections.api import create_app
+from projections.projector import catch_up
 from projections.verify import format_report, verify, wait_quiescent
 from tests.engine.test_end_to_end import latest_balances
 from tests.harness import ROOT
@@ -27,8 +32,8 @@ def outcome(result: dict) -> str:
     return result["outcome"] if result["outcome"] == "accepted" else result["reason"]
 
 
-def test_wallet_operations_through_the_broker(settings, start_worker):
-    start_worker()
+def test_wallet_operations_through_the_broker(settings, start_worker, tmp_path):
+    start_worker(extra_env={"LEDGER_TICK_S": "0"})  # no ticks: quiescence is reached once the commands are decided
     wallet = LedgerClient(settings, "wallet")
     intruder = LedgerClient(settings, "intruder")
     try:
@@ -52,6 +57,22 @@ def test_wallet_operations_through_the_broker(settings, start_worker):
         plan = rules.plan(rules.ReversalRequested("r3", "dep-3", "ann", "USD"), rules.Context(client_id="wallet"))
         assert outcome(wallet.wait(wallet.submit(plan))["reversal_requested:r3"]) == "accepted"
         assert latest_balances(settings)["user:ann:USD"]["posted"] == "0"
+
+        # Account types: an opened account keeps the type it was given; system accounts take theirs by name.
+        ids = [wallet.open_account("user:ann:bonus.USD", "USD", account_type="expense", allow_negative=True),
+               wallet.open_account("user:ann:EUR", "EUR", account_type="cash")]
+        ids.append(wallet.post("bonus-1", [Leg("user:ann:bonus.USD", -300, currency="USD"),
+                                           Leg("user:ann:USD", 300)], kind="bonus"))
+        assert [outcome(r) for r in wallet.wait(ids).values()] == ["accepted", "invalid_command", "accepted"]
+        assert latest_balances(settings)["user:ann:bonus.USD"]["account_type"] == "expense"
+        assert wait_quiescent(settings)
+        catch_up(settings, str(tmp_path / "read.db"))
+        with TestClient(create_app(str(tmp_path / "read.db"), drift_every_s=0)) as api:
+            report = api.get("/reports/trial-balance").json()
+        (usd,) = report["currencies"]
+        assert report["balanced"] and (usd["debit"]["minor"], usd["credit"]["minor"]) == ("300", "300")
+        assert [(a["account_id"], a["account_type"], a["balance"]["minor"]) for a in usd["accounts"]] == [
+            ("user:ann:USD", "liability", "300"), ("user:ann:bonus.USD", "expense", "300")]
 
         assert wait_quiescent(settings)
         report = verify(settings)

@@ -23,7 +23,8 @@ def test_history_folds_into_the_published_balance_record():
     views = fold.fold_history([journal[3], journal[0], reemitted, journal[2], journal[1]])  # any order, twice
     assert views[ACCOUNT].record() == {
         "account_id": ACCOUNT, "currency": "USD", "status": "frozen", "posted": "500", "held": "200",
-        "available": "300", "seq": 4, "last_transaction_id": "t1", "updated_at_ms": 1004}
+        "available": "300", "seq": 4, "last_transaction_id": "t1", "updated_at_ms": 1004,
+        "account_type": "liability"}  # by its name: the history entry predates types
     assert [(v["seq"], b.status, b.available) for v, b in fold.walk(journal)] == [
         (1, "open", 0), (2, "open", 500), (3, "open", 300), (4, "frozen", 300)]
 

@@ -456,3 +456,12 @@ def test_codec_decodes_older_versions_with_fastavro(tmp_path):
         c.decode("balance", data[:-1])
     assert err.value.reason == "corrupt"
     assert struct.unpack("<Q", header[2:])[0] != struct.unpack("<Q", c.current["balance"].header[2:])[0]
+
+
+def test_a_field_with_a_default_may_be_left_out_as_fastavro_allows():
+    """A producer written before a field existed (an OpenAccount without account_type) still encodes."""
+    old = {"command_id": "c", "client_id": "x", "body": ("ledger.OpenAccount", {
+        "account_id": "a", "currency": "EUR", "allow_negative": False, "overdraft_limit": "0", "max_balance": None,
+        "routing_key": None})}
+    new = {**old, "body": ("ledger.OpenAccount", {**old["body"][1], "account_type": None})}
+    assert COMPILED["command"].encode(old) == fa_write(PARSED["command"], old) == COMPILED["command"].encode(new)
