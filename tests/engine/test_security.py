@@ -7,7 +7,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from connectors.client import LedgerClient, Leg
+from connectors import rules
+from connectors.client import ClientValidationError, LedgerClient, Leg
 from connectors.demo import final_balances
 from projections.access import ApiTokens, token_hash
 from projections.api import create_app
@@ -94,6 +95,15 @@ def test_only_signed_commands_within_the_policy_move_money(secured):
         "fees": ("rejected", "not_permitted", "policy 'wallet' rule debit allows user"),
     }
     assert balances(settings) == BEFORE
+    # A business-event rule's commands run under the client that submits them: a signing client refuses a
+    # plan built for another client id, and its own plan is judged by its own policy (a confirmed deposit
+    # moves custody money, which the wallet's policy does not name).
+    deposit = rules.DepositConfirmed("r1", "alice", "USD", 7)
+    with pytest.raises(ClientValidationError, match="Context"):
+        wallet.submit(rules.plan(deposit))  # built for client id "rules"
+    [command_id] = wallet.submit(rules.plan(deposit, rules.Context(client_id="wallet")))
+    answer = wallet.result(command_id)
+    assert (answer["reason"], answer["detail"].rsplit(" ", 1)[-1]) == ("not_permitted", "sys:custody:USD")
     assert wait_quiescent(settings, 60)
     report = verify(settings)
     assert report.ok, format_report(report)
@@ -120,7 +130,7 @@ def test_the_read_api_answers_a_token_only_for_the_accounts_it_may_read(secured)
         assert get("/metrics", "alice-token") == (403, "not_permitted")  # ledger-wide views need system
         assert get(f"/accounts/{ALICE}", "alice-token") == (200, None)
         assert api.get(f"/accounts/{ALICE}", headers={"Authorization": "Bearer alice-token"}).json()[
-            "posted"]["minor"] == "900"
+            "posted"]["minor"] == str(balances(settings)[ALICE][0])
         assert get(f"/accounts/{ALICE}/history", "alice-token") == (200, None)
         assert get(f"/accounts/{BOB}", "ops-token") == (200, None)
         assert api.get("/metrics", headers={"Authorization": "Bearer ops-token"}).status_code == 200
