@@ -282,6 +282,15 @@ def _transfer(transaction_id: str, debtor: str, creditor: str, amount: int) -> d
         "rate_snapshot_id": None})
 
 
+def calibration_us() -> float:
+    """CPU µs of a fixed pure-Python loop (core_bench.py prints the same): about 8 µs on a quiet 2023 laptop
+    core. On a loaded machine every figure swells with it, so the µs per command are also given in its units."""
+    began = time.process_time()
+    for _ in range(2000):
+        sum(range(1000))
+    return (time.process_time() - began) / 2000 * 1e6
+
+
 def measure(bench: Bench, start: int, count: int, in_flight: int) -> tuple[float, int, dict[str, int]]:
     """(seconds, decided commands, records written per topic) for count transfers."""
     results_before = bench.log.records["corebench.results"]
@@ -319,7 +328,9 @@ def main() -> None:
             return
         # A warm-up run (caches, RocksDB memtables), then the timed run and the run with phase timers.
         bench.transfers(0, min(args.transfers, 5_000), args.in_flight)
+        calibration = calibration_us()
         elapsed, decided, written = measure(bench, 10**6, args.transfers, args.in_flight)
+        calibration = (calibration + calibration_us()) / 2
         phases = Phases()
         if not args.no_phases:
             phases.install()
@@ -338,6 +349,8 @@ def main() -> None:
     print(f"decided commands: {decided:,} ({decided / args.transfers:.2f} per transfer: debits, credits)")
     print(f"worker CPU per decided command: {per:6.1f} µs  ({decided / elapsed:,.0f} decided commands/s, "
           f"{args.transfers / elapsed:,.0f} transfers/s)")
+    print(f"calibration sum(range(1000)): {calibration:.1f} µs CPU (about 8 on a quiet laptop core); per decided "
+          f"command {per / calibration:.1f} calibrations")
     print("records written per decided command: " + ", ".join(
         f"{topic.split('.', 1)[1]} {n / decided:.2f}" for topic, n in sorted(written.items())))
     if args.no_phases:
