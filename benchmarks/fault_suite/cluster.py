@@ -62,7 +62,7 @@ class Cluster:
     def terminate(self, node: int) -> None:
         """A clean stop (controlled shutdown: leaderships move away first)."""
         os.kill(self.pid(node), signal.SIGTERM)
-        self._wait_gone(node, 60)
+        self._wait_gone(node, 300)  # a controlled shutdown moves leaderships first: minutes on a loaded machine
 
     def pause(self, node: int) -> None:
         os.kill(self.pid(node), signal.SIGSTOP)
