@@ -44,6 +44,8 @@ show_app = typer.Typer(help="Read balances, history and holds from the read API 
 app.add_typer(show_app, name="show")
 report_app = typer.Typer(help="Month-end reports from the read API (`ledger api`).", no_args_is_help=True)
 app.add_typer(report_app, name="report")
+currency_app = typer.Typer(help="Currencies registered at runtime.", no_args_is_help=True)
+app.add_typer(currency_app, name="currency")
 API_URL = typer.Option("http://127.0.0.1:8080", "--api", envvar="LEDGER_API_URL", help="The read API.")
 AS_JSON = typer.Option(False, "--json", help="Print the API's JSON.")
 
@@ -506,6 +508,33 @@ def holds(open_longer_than: str = typer.Option("7d", "--open-longer-than",
                        f"open {h.age_ms(now_ms) / 3_600_000:8.1f} h  {expiry}")
         typer.echo(f"{len(found)} hold(s) open for {open_longer_than} or more")
     raise typer.Exit(1 if found else 0)
+
+
+@currency_app.command("register")
+def currency_register(
+    code: str = typer.Argument(..., help="The code, e.g. XAU (1-16 of A-Z a-z 0-9 _ . -)."),
+    scale: int = typer.Argument(..., help="Decimals of its minor unit, e.g. 3 (0..36)."),
+    client_id: str = CLIENT_ID,
+    timeout_s: float = typer.Option(60.0, "--timeout", help="Seconds to wait for every partition."),
+) -> None:
+    """Register a currency in every partition (one command per partition); exit 0 once each knows it."""
+    from connectors.client import LedgerClient, ResultTimeout
+
+    client = LedgerClient(config.load(), client_id)
+    try:
+        ids = client.register_currency(code, scale)
+        results = client.wait(ids, timeout_s)
+    except ResultTimeout as exc:
+        typer.echo(f"no result within {timeout_s}s for {exc.missing}; sending it again is safe", err=True)
+        raise typer.Exit(3)
+    finally:
+        client.close()
+    refused = {i: f"{r['reason']}: {r['detail']}" for i, r in results.items()
+               if r["outcome"] != "accepted" and r["reason"] != "currency_exists"}
+    for command_id, why in refused.items():
+        typer.echo(f"{command_id}: rejected {why}", err=True)
+    typer.echo(f"{code} (scale {scale}): known to {len(ids) - len(refused)} of {len(ids)} partitions")
+    raise typer.Exit(1 if refused else 0)
 
 
 @report_app.command("trial-balance")

@@ -286,6 +286,24 @@ class LedgerClient:
                 "reference": reference, "occurred_at_ms": occurred_at_ms}
         return self.send(command_id or transaction_id, "ReverseTransaction", body, account_id)
 
+    def register_currency(self, code: str, scale: int, *, command_id: str | None = None) -> list[str]:
+        """Register a currency in every partition: one RegisterCurrency per partition, ids `<id>@<partition>`
+        (default id `currency:<code>`), each decided by its partition's single writer. Returns their ids: the
+        currency is usable in a partition once its copy is accepted (or answered currency_exists)."""
+        if type(scale) is not int:
+            raise ClientValidationError(f"a scale is an int, got {scale!r}")
+        base = command_id or f"currency:{code}"
+        _require_id(code, "code")
+        ids = []
+        for partition in range(self.settings.partitions):
+            record = {"command_id": f"{base}@{partition}", "client_id": self.client_id,
+                      "body": ("ledger.RegisterCurrency", {"currency": code, "scale": scale})}
+            encoded = self._codec.encode("command", record)
+            self.send_raw(encoded, f"currency:{code}", partition)
+            self._answers.sent(record["command_id"], encoded)
+            ids.append(record["command_id"])
+        return ids
+
     def account_command(self, name: str, account_id: str, *, command_id: str | None = None) -> str:
         """FreezeAccount, UnfreezeAccount or CloseAccount."""
         return self.send(command_id or f"{name}:{account_id}", name, {"account_id": account_id}, account_id)

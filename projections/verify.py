@@ -390,7 +390,8 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
             continue
         kind, body = _body(cmds[0])
         expected = len(body["legs"]) if kind == "PostTransaction" else \
-            per_transaction[body["reverses"]] if kind == "ReverseTransaction" else 1
+            per_transaction[body["reverses"]] if kind == "ReverseTransaction" else \
+            0 if kind == "RegisterCurrency" else 1  # a currency changes no account
         if kind == "PostTransaction" and key in receivable:
             named = {leg["account_id"] for leg in body["legs"]}
             added = [is_leg for account, is_leg in receivable[key] if account not in named]

@@ -119,11 +119,28 @@ class PartitionState:
         # (expires_at_ms, hold_id) of open holds with an expiry; stale entries are skipped when popped.
         self.expiries: list[tuple[int, str]] = []
         self._load_expiries()
+        # Currencies registered in this partition (RegisterCurrency), committed and staged: code -> scale.
+        # currencies_epoch moves whenever they may have changed, so the processor rebuilds its registry.
+        self.registered: dict[str, int] = {}
+        self.currencies_epoch = 0
+        self._load_currencies()
         # The last inbox key found absent; any staged inbox entry clears it (a one-entry negative cache).
         self._not_in_inbox: tuple[str, str] | None = None
         # Undo log of the command being decided: (key, staged value before or _MISSING, was a staged delete).
         # A command that fails part way is rolled back to its start (rollback), so it leaves nothing staged.
         self._journal: list[tuple[bytes, Any, bool]] = []
+
+    def _load_currencies(self) -> None:
+        """The registered currencies as committed, with the staged ones on top (c/<code> records)."""
+        try:
+            found = {key[2:].decode(): json.loads(value)["scale"] for key, value in self.store.scan(b"c/")}
+        except Exception as exc:  # noqa: BLE001 - whatever the store raises is an I/O failure
+            raise StoreFailure(f"scanning the currencies: {exc}") from exc
+        for key, value in self._puts.items():
+            if key.startswith(b"c/"):
+                found[key[2:].decode()] = value["scale"]
+        self.registered = found
+        self.currencies_epoch += 1
 
     def _load_expiries(self) -> None:
         self.expiries = []
@@ -171,6 +188,7 @@ class PartitionState:
         self._holds.clear()
         self._transactions.clear()
         self._not_in_inbox = None
+        self._load_currencies()
         # The expiry index as committed and staged now (entries the command popped or pushed are restored).
         self._load_expiries()
         staged = [(key, value) for key, value in self._puts.items() if key.startswith(b"x/")]
@@ -261,6 +279,13 @@ class PartitionState:
                 else:
                     puts.pop(key, None)
                     self._deletes.add(key)
+        for record in change.get("currencies", ()):
+            key = b"c/" + record["currency"].encode()
+            touch(key)
+            puts[key] = dict(record)
+            self._deletes.discard(key)
+            self.registered[record["currency"]] = record["scale"]
+            self.currencies_epoch += 1
         for record in change.get("transactions", ()):
             key = b"t/" + record["transaction_id"].encode()
             self._transactions.pop(record["transaction_id"], None)  # decoded again when read
@@ -322,6 +347,7 @@ class PartitionState:
         self._transactions.clear()
         self._not_in_inbox = None
         self._load_expiries()
+        self._load_currencies()
 
     def changelog_offset(self) -> int:
         raw = self.store.get(CHANGELOG_OFFSET_KEY)
@@ -336,7 +362,10 @@ class PartitionProcessor:
                  commands_topic: str = "commands", clients: Clients | None = None):
         self.partition = partition
         self.partitions = partitions
-        self.currencies = currencies
+        # The currencies every partition starts with; those registered here (RegisterCurrency) are added by
+        # the currencies property, from this partition's state.
+        self.base_currencies = currencies
+        self._registry: tuple[int, core.CurrencyRegistry] = (-1, currencies)
         # Engine steps are taken only from records sealed by a worker for this topic and partition (seal.py).
         self.seal = seal
         self.commands_topic = commands_topic
@@ -362,6 +391,17 @@ class PartitionProcessor:
         self._offset = 0  # offset of the record being decided (the source of what it stages)
         # Money in this partition's clearing shards per currency, for the in-flight gauge.
         self.clearing: dict[str, int] = {}
+
+    @property
+    def currencies(self) -> core.CurrencyRegistry:
+        """The base currencies and those registered in this partition (as committed and staged)."""
+        epoch, registry = self._registry
+        if epoch != self.state.currencies_epoch:
+            registry = self.base_currencies
+            for code, scale in sorted(self.state.registered.items()):
+                registry = registry.with_currency(core.Currency(code, scale))
+            self._registry = (self.state.currencies_epoch, registry)
+        return registry
 
     # One record ------------------------------------------------------------------------------------------
     def sealed_headers(self, partition: int, value: bytes) -> list[tuple[str, bytes]]:
@@ -751,12 +791,13 @@ class PartitionProcessor:
         wire_result = result_to_wire(result, command.at_ms, transaction_id, holds)
         self.commit_change(command.client_id, command.command_id, fingerprint, offset, wire_result,
                            list(changes.accounts.values()), holds, changes.history,
-                           transactions=list(changes.transactions.values()))
+                           transactions=list(changes.transactions.values()), currencies=changes.currencies)
 
     def commit_change(self, client_id: str, command_id: str, fingerprint: str, offset: int,
                       wire_result: dict[str, Any], accounts: list[Account] = (), holds: list[Hold] = (),
                       history: tuple = (), records: list[tuple[str, Any]] = (),
-                      transactions: list[core.PostedTransaction] = ()) -> None:
+                      transactions: list[core.PostedTransaction] = (),
+                      currencies: tuple[core.Currency, ...] = ()) -> None:
         """Stage one decided command (its StateChange) and queue its outputs: the result, one history entry
         per change (the new balance of each changed account is queued once per batch, by take()). records:
         engine records (key, JSON value or None to delete) written in the same StateChange."""
@@ -776,6 +817,7 @@ class PartitionProcessor:
             "result": encoded_result,
             "records": [{"key": k, "value": None if v is None else _dumps(v)} for k, v in records],
             "transactions": [transaction_to_record(t) for t in transactions],
+            "currencies": [{"currency": c.code, "scale": c.scale} for c in currencies],
         }
         encoded_change = self._codec.encode("state", change)
         if len(encoded_change) > limits.OUTPUT_RECORD_BYTES:

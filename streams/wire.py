@@ -96,6 +96,8 @@ def command_from_wire(record: dict[str, Any], at_ms: int) -> core.Command:
         )
     if kind == "ReverseTransaction":
         return core.ReverseTransaction(**common, **body)
+    if kind == "RegisterCurrency":
+        return core.RegisterCurrency(**common, **body)
     simple = {
         "FreezeAccount": core.FreezeAccount,
         "UnfreezeAccount": core.UnfreezeAccount,
@@ -140,6 +142,8 @@ def command_to_wire(command: core.Command) -> dict[str, Any]:
         }
     elif isinstance(command, (core.ReleaseHold, core.ExpireHold)):
         body = {"hold_id": command.hold_id}
+    elif isinstance(command, core.RegisterCurrency):
+        body = {"currency": command.currency, "scale": command.scale}
     elif isinstance(command, core.ReverseTransaction):
         body = {"transaction_id": command.transaction_id, "reverses": command.reverses,
                 "account_id": command.account_id, "reference": command.reference,

@@ -12,6 +12,7 @@ from streams.core.commands import (
     OpenAccount,
     PlaceHold,
     PostTransaction,
+    RegisterCurrency,
     ReleaseHold,
     ReverseTransaction,
     UnfreezeAccount,
@@ -22,6 +23,7 @@ from streams.core.decide import MAX_LEGS, decide, execute
 from streams.core.events import (
     AccountOpened,
     AccountStatusChanged,
+    CurrencyRegistered,
     Event,
     HoldExpired,
     HoldPlaced,
@@ -59,14 +61,12 @@ from streams.core.views import BalanceView, balance_as_of_seq, balance_as_of_tim
 
 __all__ = [
     "Account", "AccountOpened", "AccountPolicy", "AccountStatus", "AccountStatusChanged", "AccountType",
-    "BalanceView",
-    "Changes", "CloseAccount", "Command", "Currency", "CurrencyRegistry", "DEFAULT_CURRENCIES",
-    "DEFAULT_POLICY", "Event", "ExpireHold", "FreezeAccount", "HistoryEntry", "Hold", "HoldExpired",
-    "HoldPlaced", "HoldReleased", "HoldStatus", "InboxKey", "Leg", "MAX_ABS_AMOUNT", "MAX_LEGS",
-    "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "PostedTransaction", "Processed", "Rejection",
-    "ReleaseHold", "ReverseTransaction", "Result", "SYSTEM_POLICY", "StateReader", "TransactionPosted",
-    "TransactionReversed", "UnfreezeAccount", "accounts_touched",
-    "apply", "assert_changes_balanced", "balance_as_of_seq", "balance_as_of_time", "check_account",
-    "check_hold", "decide", "execute", "format_amount", "no_changes", "parse_amount", "reversal_of",
-    "routing_key_for",
+    "BalanceView", "Changes", "CloseAccount", "Command", "Currency", "CurrencyRegistered", "CurrencyRegistry",
+    "DEFAULT_CURRENCIES", "DEFAULT_POLICY", "Event", "ExpireHold", "FreezeAccount", "HistoryEntry", "Hold",
+    "HoldExpired", "HoldPlaced", "HoldReleased", "HoldStatus", "InboxKey", "Leg", "MAX_ABS_AMOUNT", "MAX_LEGS",
+    "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "PostedTransaction", "Processed",
+    "RegisterCurrency", "Rejection", "ReleaseHold", "Result", "ReverseTransaction", "SYSTEM_POLICY", "StateReader",
+    "TransactionPosted", "TransactionReversed", "UnfreezeAccount", "accounts_touched", "apply",
+    "assert_changes_balanced", "balance_as_of_seq", "balance_as_of_time", "check_account", "check_hold", "decide",
+    "execute", "format_amount", "no_changes", "parse_amount", "reversal_of", "routing_key_for",
 ]

@@ -13,6 +13,7 @@ from streams.core.accounting import ACCOUNT_TYPE_KEY, default_account_type
 from streams.core.events import (
     AccountOpened,
     AccountStatusChanged,
+    CurrencyRegistered,
     Event,
     HoldExpired,
     HoldPlaced,
@@ -21,6 +22,7 @@ from streams.core.events import (
     TransactionReversed,
 )
 from streams.core.model import Account, AccountStatus, HistoryEntry, Hold, HoldStatus, PostedTransaction
+from streams.core.money import Currency
 from streams.core.state import Changes, StateReader
 
 # History kinds of the non-posting changes (transaction legs carry the transaction's own kind).
@@ -38,7 +40,7 @@ KIND_HOLD_EXPIRED = "hold_expired"
 class _Overlay:
     """The records as they stand part-way through one decision: changed ones first, then the state."""
 
-    __slots__ = ("state", "accounts", "holds", "history", "transactions")
+    __slots__ = ("state", "accounts", "holds", "history", "transactions", "currencies")
 
     def __init__(self, state: StateReader) -> None:
         self.state = state
@@ -46,6 +48,7 @@ class _Overlay:
         self.holds: dict[str, Hold] = {}
         self.history: list[HistoryEntry] = []
         self.transactions: dict[str, PostedTransaction] = {}
+        self.currencies: list[Currency] = []
 
     def account(self, account_id: str) -> Account:
         account = self.accounts.get(account_id)
@@ -154,6 +157,10 @@ def _apply_reversed(o: _Overlay, e: TransactionReversed) -> None:
         original.rate_snapshot_id, e.reversed_by)
 
 
+def _apply_currency(o: _Overlay, e: CurrencyRegistered) -> None:
+    o.currencies.append(Currency(e.currency, e.scale))
+
+
 def _apply_placed(o: _Overlay, e: HoldPlaced) -> None:
     assert o.holds.get(e.hold_id) is None and o.state.hold(e.hold_id) is None
     account = o.account(e.account_id)
@@ -186,6 +193,7 @@ _APPLIERS = {
     AccountStatusChanged: _apply_status,
     TransactionPosted: _apply_posted,
     TransactionReversed: _apply_reversed,
+    CurrencyRegistered: _apply_currency,
     HoldPlaced: _apply_placed,
     HoldReleased: _apply_released,
     HoldExpired: _apply_expired,
@@ -197,4 +205,5 @@ def apply(state: StateReader, events: Iterable[Event]) -> Changes:
     overlay = _Overlay(state)
     for event in events:
         _APPLIERS[type(event)](overlay, event)  # KeyError here = not an event: a programmer error
-    return Changes(overlay.accounts, overlay.holds, tuple(overlay.history), None, overlay.transactions)
+    return Changes(overlay.accounts, overlay.holds, tuple(overlay.history), None, overlay.transactions,
+                   tuple(overlay.currencies))

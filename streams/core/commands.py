@@ -298,9 +298,30 @@ class ReverseTransaction(_CommandBase):
                 self.account_id, self.reference, self.occurred_at_ms)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegisterCurrency(_CommandBase):
+    """Make a currency known to one partition, from this command on. Every partition needs it: the client
+    sends one copy per partition (docs/wallet-operations.md). A code is refused unknown_currency until its
+    partition has decided this."""
+
+    command_id: str  # unique per client (the client's copies: "<id>@<partition>")
+    client_id: str  # the producer that issued the command
+    at_ms: int  # log time, ms since epoch
+    currency: str  # the code: 1-16 of A-Z a-z 0-9 _ . - (it ends account ids, so no ':' or '@')
+    scale: int  # decimals of its minor unit, 0..MAX_SCALE
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        require_str(self.currency, "currency")
+        require_int(self.scale, "scale")
+
+    def _payload(self) -> tuple:
+        return ("RegisterCurrency", self.client_id, self.command_id, self.currency, self.scale)
+
+
 Command = Union[
     OpenAccount, FreezeAccount, UnfreezeAccount, CloseAccount, PostTransaction, PlaceHold, ReleaseHold,
-    ExpireHold, ReverseTransaction,
+    ExpireHold, ReverseTransaction, RegisterCurrency,
 ]
 
 
@@ -314,7 +335,7 @@ def accounts_touched(command: Command) -> tuple[str, ...]:
     if isinstance(command, (OpenAccount, FreezeAccount, UnfreezeAccount, CloseAccount, PlaceHold,
                             ReverseTransaction)):
         return (command.account_id,)
-    if isinstance(command, (ReleaseHold, ExpireHold)):
+    if isinstance(command, (ReleaseHold, ExpireHold, RegisterCurrency)):
         return ()
     raise TypeError(f"not a command: {command!r}")
 

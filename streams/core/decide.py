@@ -23,6 +23,7 @@ from streams.core.commands import (
     OpenAccount,
     PlaceHold,
     PostTransaction,
+    RegisterCurrency,
     ReleaseHold,
     ReverseTransaction,
     UnfreezeAccount,
@@ -31,6 +32,7 @@ from streams.core.commands import (
 from streams.core.events import (
     AccountOpened,
     AccountStatusChanged,
+    CurrencyRegistered,
     Event,
     HoldExpired,
     HoldPlaced,
@@ -40,7 +42,7 @@ from streams.core.events import (
 )
 from streams.core.invariants import assert_changes_balanced
 from streams.core.model import SYSTEM_POLICY, Account, AccountStatus, HoldStatus, Leg, routing_key_for
-from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, CurrencyRegistry
+from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, MAX_SCALE, CurrencyRegistry, valid_code
 from streams.core.rejections import Rejection
 from streams.core.results import ACCEPTED, REJECTED, Processed, Result
 from streams.core.settlement import LATE_SETTLEMENT, STRICT, ended, judge_capture, receivable_of, terms_of
@@ -458,6 +460,24 @@ def _judge_expire(state: StateReader, c: ExpireHold, currencies: CurrencyRegistr
     return (HoldExpired(hold_id=hold.id, account_id=hold.account_id, amount=hold.remaining, at_ms=c.at_ms),)
 
 
+# -------------------------------------------------------------------------------------------------- currencies
+
+
+def _judge_register(state: StateReader, c: RegisterCurrency, currencies: CurrencyRegistry) -> _Judgement:
+    """A new code with a scale in range; the same code again is currency_exists, with another scale
+    currency_conflict (a scale never changes)."""
+    if not valid_code(c.currency):
+        return (_INVALID, f"currency code {c.currency[:40]!r}: 1-16 of A-Z a-z 0-9 _ . -")
+    if not 0 <= c.scale <= MAX_SCALE:
+        return (_INVALID, f"scale {c.scale} outside 0..{MAX_SCALE}")
+    known = currencies.get(c.currency)
+    if known is not None:
+        if known.scale != c.scale:
+            return (Rejection.CURRENCY_CONFLICT, f"{c.currency} is registered with scale {known.scale}")
+        return (Rejection.CURRENCY_EXISTS, f"{c.currency} is registered with scale {known.scale} already")
+    return (CurrencyRegistered(currency=c.currency, scale=c.scale, at_ms=c.at_ms),)
+
+
 # ---------------------------------------------------------------------------------------------------- dispatch
 
 _JUDGES = {
@@ -470,6 +490,7 @@ _JUDGES = {
     ReleaseHold: _judge_release,
     ExpireHold: _judge_expire,
     ReverseTransaction: _judge_reverse,
+    RegisterCurrency: _judge_register,
 }
 
 
@@ -526,4 +547,5 @@ def execute(
         return result, Changes({}, {}, (), processed)
     changes = apply(state, result.events)
     assert_changes_balanced({aid: state.account(aid) for aid in changes.accounts}, changes.accounts.values())
-    return result, Changes(changes.accounts, changes.holds, changes.history, processed, changes.transactions)
+    return result, Changes(changes.accounts, changes.holds, changes.history, processed, changes.transactions,
+                           changes.currencies)

@@ -91,7 +91,16 @@ class HoldExpired:
     at_ms: int  # log time of the command
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CurrencyRegistered:
+    """A currency became known to this partition."""
+
+    currency: str  # its code
+    scale: int  # decimals of its minor unit
+    at_ms: int  # log time of the command
+
+
 Event = Union[
     AccountOpened, AccountStatusChanged, TransactionPosted, TransactionReversed, HoldPlaced, HoldReleased,
-    HoldExpired,
+    HoldExpired, CurrencyRegistered,
 ]

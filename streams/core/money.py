@@ -22,6 +22,13 @@ MAX_SCALE = 36
 _AMOUNT_RE = re.compile(r"(-?)([0-9]+)(?:\.([0-9]+))?", re.ASCII)
 # 2**127 has 39 digits; an integer part longer than this is out of range whatever the scale.
 _MAX_WHOLE_DIGITS = 40
+# A currency code registered at runtime: it ends account ids (user:42:USDT), so no ':' or '@'.
+_CODE_RE = re.compile(r"[A-Za-z0-9_.\-]{1,16}", re.ASCII)
+
+
+def valid_code(code: str) -> bool:
+    """Whether code may name a currency registered at runtime."""
+    return _CODE_RE.fullmatch(code) is not None
 
 
 @dataclass(frozen=True, slots=True)

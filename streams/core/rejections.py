@@ -87,6 +87,11 @@ class Rejection(enum.IntEnum):
     NOT_AUTHENTICATED = 28
     # The signer's policy does not allow the command (streams/core/policy.py); the detail names the rule.
     NOT_PERMITTED = 29
+    # RegisterCurrency for a code this partition already knows with the same scale: nothing to do.
+    CURRENCY_EXISTS = 30
+    # RegisterCurrency for a code known with another scale: a scale never changes (it would rescale every
+    # stored amount).
+    CURRENCY_CONFLICT = 31
 
     @property
     def code(self) -> str:

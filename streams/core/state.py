@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from streams.core.model import Account, HistoryEntry, Hold, PostedTransaction
+from streams.core.money import Currency
 from streams.core.results import Processed, Result
 
 __all__ = ["StateReader", "Changes", "MemoryState", "Processed", "Result", "InboxKey"]
@@ -45,11 +46,14 @@ class Changes:
     processed: tuple[InboxKey, Processed] | None  # the inbox entry; None for a duplicate or an id_conflict
     # full new record of every transaction the decision posted or marked reversed (written with step 2)
     transactions: dict[str, PostedTransaction] = field(default_factory=dict)
+    # currencies the decision registered (the engine adds them to its partition's registry)
+    currencies: tuple[Currency, ...] = ()
 
     @property
     def is_empty(self) -> bool:
         """True when nothing is to be written (a duplicate delivery or an id conflict)."""
-        return not (self.accounts or self.holds or self.history or self.processed or self.transactions)
+        return not (self.accounts or self.holds or self.history or self.processed or self.transactions
+                    or self.currencies)
 
 
 def no_changes() -> Changes:

@@ -10,6 +10,7 @@ Commands (amounts are decimal strings in the account's currency, parsed with par
     hold HOLD ACCT AMT [expires=MS]
     release HOLD | expire HOLD | freeze ACCT | unfreeze ACCT | close ACCT
     reverse TX ORIGINAL ACCT              a ReverseTransaction of ORIGINAL, routed by ACCT
+    register CODE SCALE                   a RegisterCurrency (the ledger's registry grows when accepted)
 Options on any command: id=COMMAND_ID client=CLIENT_ID at=MS (default: 1000 * line number);
 on transactions also kind= ref= occurred=MS link=TX rate=SNAPSHOT meta=K:V.
 Expected result: "ok" or a rejection code, optionally followed by "dup" (answered from the inbox).
@@ -36,6 +37,7 @@ from streams.core import (
     PlaceHold,
     PostTransaction,
     Rejection,
+    RegisterCurrency,
     ReleaseHold,
     Result,
     ReverseTransaction,
@@ -80,6 +82,8 @@ class Ledger:
         before = dict(self.state.accounts)
         result, changes = execute(self.state, command, self.currencies)
         self.state.commit(changes)
+        for currency in changes.currencies:  # what the engine does with its partition's registry
+            self.currencies = self.currencies.with_currency(currency)
         self.results.append(result)
         got = "ok" if result.accepted else result.reason.code  # type: ignore[union-attr]
         if result.duplicate:
@@ -144,6 +148,9 @@ class Ledger:
             return ReleaseHold(**common, hold_id=positional[0])
         if verb == "expire":
             return ExpireHold(**common, hold_id=positional[0])
+        if verb == "register":
+            code, scale = positional
+            return RegisterCurrency(**common, currency=code, scale=int(scale))
         if verb == "reverse":
             tx_id, original, account_id = positional
             return ReverseTransaction(**common, transaction_id=tx_id, reverses=original, account_id=account_id,

@@ -487,3 +487,26 @@ capture fill1 h1 buyer:USDT->seller:USDT 300           | ok | buyer:USDT=39700/0
 reverse r1 fill1 buyer:USDT occurred=5                 | ok | buyer:USDT=40000/0 seller:USDT=0
 release h1                                             | hold_not_open
 """)
+
+
+# --- currencies registered at runtime -------------------------------------------------------------------------
+
+
+def test_a_currency_is_refused_until_registered_then_exact_at_its_scale() -> None:
+    ledger = run("""
+open vault:XAU XAU neg             | unknown_currency
+register XAU 3                     | ok
+open vault:XAU XAU neg             | ok
+open ann:XAU XAU                   | ok
+tx d1 vault:XAU=-1.250 ann:XAU=1.25 | ok | ann:XAU=1.25 vault:XAU=-1.25
+register XAU 3                     | currency_exists
+register XAU 4                     | currency_conflict
+register USD 2                     | currency_exists
+register JPY 2                     | currency_conflict
+register XA:U 2                    | invalid_command
+register BIG 37                    | invalid_command
+register XAG 3 id=r-xag            | ok
+register XAG 3 id=r-xag            | ok dup
+""")
+    assert ledger.currencies.get("XAU").scale == 3
+    assert ledger.state.accounts["ann:XAU"].posted == 1250  # minor units of a 3-decimal currency

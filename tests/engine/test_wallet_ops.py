@@ -1,5 +1,6 @@
 """A wallet operator's commands through the real broker and one real worker: reversals (client, CLI and rule),
-account types and the trial balance (projected from the topics into a read store, read through the API).
+account types and the trial balance (projected from the topics into a read store, read through the API), a
+currency registered at runtime (client and CLI).
 
 One worker serves the whole file's test (a worker start is the expensive part), so each command a wallet
 operator gained is proven end to end at a small wall-time cost.
@@ -73,6 +74,16 @@ def test_wallet_operations_through_the_broker(settings, start_worker, tmp_path):
         assert report["balanced"] and (usd["debit"]["minor"], usd["credit"]["minor"]) == ("300", "300")
         assert [(a["account_id"], a["account_type"], a["balance"]["minor"]) for a in usd["accounts"]] == [
             ("user:ann:USD", "liability", "300"), ("user:ann:bonus.USD", "expense", "300")]
+
+        # A currency registered at runtime: refused until every partition has decided its registration.
+        assert outcome(wallet.result(wallet.open_account("user:ann:XAU", "XAU"))) == "unknown_currency"
+        assert {outcome(r) for r in wallet.wait(wallet.register_currency("XAU", 3)).values()} == {"accepted"}
+        done = cli(settings, "currency", "register", "XAU", "3")  # again by the CLI: answered as duplicates
+        assert done.returncode == 0 and "known to 8 of 8 partitions" in done.stdout, done.stdout + done.stderr
+        ids = [wallet.open_account("user:ann:XAU", "XAU", command_id="open-xau-2"),
+               wallet.post("gold-1", [Leg("sys:world:XAU", -1_250), Leg("user:ann:XAU", 1_250)])]
+        assert [outcome(r) for r in wallet.wait(ids).values()] == ["accepted", "accepted"]
+        assert latest_balances(settings)["user:ann:XAU"]["posted"] == "1250"  # 1.250 XAU
 
         assert wait_quiescent(settings)
         report = verify(settings)
