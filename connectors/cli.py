@@ -510,6 +510,69 @@ def holds(open_longer_than: str = typer.Option("7d", "--open-longer-than",
     raise typer.Exit(1 if found else 0)
 
 
+@app.command()
+def reconcile(
+    statement: str = typer.Argument(..., help="The statement: CSV with a header (reference or id, amount), or "
+                                              "JSON (an array or one object per line); - for stdin."),
+    account: str = typer.Option(..., "--account", help="The ledger account it reports on, e.g. sys:custody:USDT."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only ledger entries from this business date on."),
+    until: Optional[str] = typer.Option(None, "--until", help="Only ledger entries up to this business date."),
+    metrics_file: Optional[str] = typer.Option(None, "--metrics-file", help="Also write the result in Prometheus "
+                                                                            "text format (textfile collector)."),
+    api: str = API_URL, as_json: bool = AS_JSON,
+) -> None:
+    """Match a statement against an account's journal by reference: matched, amount mismatches, missing from
+    the ledger, missing from the statement. Exit 0 when everything matches, 1 otherwise, 2 on bad input."""
+    import json
+    import sys
+    import time
+
+    from projections import reconcile as rec
+    from projections.metrics import money
+    from projections.reports import BadAsOf, parse_as_of, parse_since
+    from streams.core import DEFAULT_CURRENCIES, AccountType
+
+    view = _get(api, f"/accounts/{account}")
+    currency = DEFAULT_CURRENCIES.get(view["currency"])
+    if currency is None:
+        typer.echo(f"error: {view['currency']} has no scale the CLI knows (a currency registered at runtime)", err=True)
+        raise typer.Exit(2)
+    try:
+        text = sys.stdin.read() if statement == "-" else open(statement, encoding="utf-8").read()
+        lines = rec.parse_statement(text, currency)
+        window = (None if since is None else parse_since(since), None if until is None else parse_as_of(until))
+    except (OSError, rec.StatementError, BadAsOf) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    entries = []
+    for shard in [s["account_id"] for s in view.get("shard_views", ())] or [account]:
+        cursor = None
+        while True:
+            page = _get(api, f"/accounts/{shard}/history?limit=1000" + (f"&cursor={cursor}" if cursor else ""))
+            entries += page["entries"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+    items = rec.ledger_items(entries, AccountType(view["account_type"]))
+    result = rec.reconcile(account, currency.code, lines, items, *window)
+    if metrics_file:
+        with open(metrics_file, "w", encoding="utf-8") as out:
+            out.write(rec.metrics_text(result, int(time.time() * 1000)))
+    if as_json:
+        typer.echo(json.dumps(rec.as_json(result, money)))
+    else:
+        def shown(v):
+            return "-" if v is None else money(v, currency.code)["decimal"]
+
+        for d in result.items:
+            where = f"lines {','.join(map(str, d.lines))}" if d.lines else ""
+            typer.echo(f"{d.kind:<24}{d.reference:<40}{'statement ' + shown(d.statement):>28}"
+                       f"{'ledger ' + shown(d.ledger):>28}  {where} {' '.join(d.transactions)}".rstrip())
+        counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in result.counts.items())
+        typer.echo(f"{account} ({view['account_type']}, {currency.code}): {counts}")
+    raise typer.Exit(0 if result.reconciled else 1)
+
+
 @currency_app.command("register")
 def currency_register(
     code: str = typer.Argument(..., help="The code, e.g. XAU (1-16 of A-Z a-z 0-9 _ . -)."),

@@ -441,7 +441,7 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
              responses=_errors(404, 422, 503))
     async def get_account(account_id: str, min_seq: int | None = Query(None, **SEQ)):
         def body(store: Store, row) -> dict[str, Any]:
-            view = _view(row)
+            view = {**_view(row), "account_type": store.account_type(account_id)}
             if "shards" in view:
                 view["shard_views"] = [_view({**dict(s), "shards": 1}) for s in store.shards(account_id)]
             return view

@@ -479,6 +479,13 @@ class Store:
                                      "WHERE account_id = ?", (account_id,)).fetchone()
         return self.conn.execute("SELECT * FROM account_views WHERE account_id = ?", (account_id,)).fetchone()
 
+    def account_type(self, account_id: str) -> str:
+        """An account's type (a system account's from any shard), or the one its name gives when its balance
+        record predates types."""
+        row = self.conn.execute("SELECT account_type FROM accounts WHERE account_id = ? OR base_id = ? LIMIT 1",
+                                (account_id, account_id)).fetchone()
+        return row[0] if row is not None and row[0] else default_account_type(account_id).value
+
     def shards(self, base_id: str) -> list:
         return self.conn.execute("SELECT * FROM accounts WHERE base_id = ? ORDER BY account_id",
                                  (base_id,)).fetchall()
