@@ -38,6 +38,13 @@ def parse_as_of(text: str) -> int:
     return int(when.timestamp() * 1000)
 
 
+def parse_since(text: str) -> int:
+    """Like parse_as_of, but a bare date names its first millisecond (the start of a period, inclusive)."""
+    if _DATE.match(text.strip()):
+        return parse_as_of(text) - 86_400_000 + 1
+    return parse_as_of(text)
+
+
 def trial_balance_json(report: tuple[CurrencyTrialBalance, ...], as_of_ms: int | None) -> dict[str, Any]:
     """The trial balance as the API answers it: per currency, its accounts, totals by type, and whether
     debits equal credits."""
