@@ -1,17 +1,36 @@
 """Key-value storage of one partition's state, with atomic batches.
 
 Two adapters behind one small port (get / scan a prefix / write a batch atomically): RocksDB through
-rocksdict for the workers, and a dict for tests. tests/engine/test_store_contract.py runs the same
+rocksdict for the workers, and a dict for tests. tests/engine/test_store.py runs the same
 contract against both. One RocksDB per partition, so a partition's state moves, restores and is deleted
 as a unit, and one WriteBatch holds every write of a batch of commands (crash-atomic: after kill -9
 RocksDB recovers from its write-ahead log with the whole batch or none of it).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch, WriteBufferManager
+
+# One memory budget for every partition's RocksDB in a worker: the block cache and the memtables are charged to
+# one cache, so RocksDB's memory stays near LEDGER_ROCKSDB_MEMORY_MB however many partitions the worker serves
+# (by default each database would take an 8 MiB block cache and up to two 64 MiB memtables; 0 keeps that).
+ROCKSDB_MEMORY_BYTES = int(os.environ.get("LEDGER_ROCKSDB_MEMORY_MB", "256")) << 20
+# Per database; the shared budget's half for memtables flushes them sooner when reached. 8 MiB cost about 20% more
+# worker CPU per command than 32 in benchmarks/engine_core_bench.py (more flushes and compactions).
+MEMTABLE_BYTES = int(os.environ.get("LEDGER_ROCKSDB_MEMTABLE_MB", "32")) << 20
+_budget: tuple[Cache, WriteBufferManager] | None = None
+
+
+def _shared_budget() -> tuple[Cache, WriteBufferManager]:
+    global _budget
+    if _budget is None:
+        cache = Cache(ROCKSDB_MEMORY_BYTES)
+        _budget = cache, WriteBufferManager.new_write_buffer_manager_with_cache(ROCKSDB_MEMORY_BYTES // 2, False,
+                                                                                cache)
+    return _budget
 
 
 class KeyValueStore(Protocol):
@@ -50,6 +69,13 @@ class RocksStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
+        if ROCKSDB_MEMORY_BYTES:  # 0: RocksDB's own defaults, per database (to compare against)
+            cache, memtables = _shared_budget()
+            table = BlockBasedOptions()
+            table.set_block_cache(cache)
+            options.set_block_based_table_factory(table)
+            options.set_write_buffer_manager(memtables)
+            options.set_write_buffer_size(MEMTABLE_BYTES)
         self._db = Rdict(str(path), options)
 
     def get(self, key: bytes) -> bytes | None:
