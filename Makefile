@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lock install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-restore bench-memory bench-core soak faults clean mutate fuzz
+.PHONY: lock install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-restore bench-memory soak-memory bench-core soak faults clean mutate fuzz
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -73,6 +73,10 @@ bench-restore: install
 # Worker memory in process against commands decided (no Kafka): BENCH_MEMORY_ARGS="--decided 1000000".
 bench-memory: $(STAMP)
 	$(BIN)/python benchmarks/memory_bench.py $(BENCH_MEMORY_ARGS)
+
+# A real worker's RSS over a million commands of the load generator's mix (about 15 minutes).
+soak-memory: install
+	scripts/with-broker.sh $(BIN)/python benchmarks/memory_bench.py --worker $(SOAK_MEMORY_ARGS)
 
 # No broker: the pure core alone, then the worker's whole batch path (decode to RocksDB) by phase.
 bench-core: $(STAMP)
