@@ -216,6 +216,7 @@ class Engine:
                                                                  "dlq", "changelog", "snapshots")}
         # client id -> its own results topic, for the clients that have one (refresh_client_results).
         self.client_results: dict[str, str] = {}
+        self._metadata = None  # an AdminClient, made at the first periodic refresh
         self.restored_records = 0
         self.skipped_records = 0
         self.snapshot_loads = 0
@@ -239,10 +240,13 @@ class Engine:
         of their results is also written there, in the same transaction as the shared results topic, which
         stays complete (verify, tail and auditors read it). Called at every restore and periodically
         (streams/app.py), so a client registered while workers run is served within that period."""
-        from confluent_kafka.admin import AdminClient
-
+        if handle is None:
+            if self._metadata is None:  # one client for the periodic refresh, not a connection each time
+                from confluent_kafka.admin import AdminClient
+                self._metadata = AdminClient(self.settings.kafka_config())
+            handle = self._metadata
         stem = self.settings.client_results_topic("")
-        metadata = (handle or AdminClient(self.settings.kafka_config())).list_topics(timeout=30)
+        metadata = handle.list_topics(timeout=30)
         self.client_results = {name[len(stem):]: name for name, topic in metadata.topics.items()
                                if name.startswith(stem) and topic.error is None
                                and len(topic.partitions) == self.settings.partitions}
