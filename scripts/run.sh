@@ -71,7 +71,9 @@ LEDGER_METRICS_PORT=${LEDGER_METRICS_PORT:-9108} LEDGER_DATA_DIR=$STATE/worker-1
 pids+=($!)
 echo "run.sh: worker started (log: $STATE/worker-1.log)"
 principal_env auditor
-env "${PRINCIPAL_ENV[@]}" "$BIN/ledger" api --db "$STATE/read.db" --port "${LEDGER_API_PORT:-8080}" >"$STATE/api.log" 2>&1 &
+# The dashboard's latency and lag per partition come from the worker's /metrics.
+LEDGER_WORKER_METRICS=${LEDGER_WORKER_METRICS:-127.0.0.1:${LEDGER_METRICS_PORT:-9108}} \
+  env "${PRINCIPAL_ENV[@]}" "$BIN/ledger" api --db "$STATE/read.db" --port "${LEDGER_API_PORT:-8080}" >"$STATE/api.log" 2>&1 &
 pids+=($!)
 echo "run.sh: dashboard at http://127.0.0.1:${LEDGER_API_PORT:-8080}/$LOGIN  (API docs /docs, metrics /metrics)"
 [ -n "$LOGIN" ] && echo "run.sh: clients sign (policy: $ACCESS/clients.toml); for the CLI: source $ACCESS/demo.env"

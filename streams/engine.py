@@ -173,6 +173,9 @@ def _producer(settings: Settings, **extra) -> Producer:
         "batch.num.messages": 10000,
         "queue.buffering.max.messages": 500000,
         "compression.type": "lz4",
+        # Results, history, balances and dead letters go where Kafka's default partitioner would put their key
+        # (the Java client's murmur2; docs/ecosystem.md, "Keys and partitions"): a key's partition is its hash.
+        "partitioner": "murmur2_random",
         # A paused or unreachable broker must not hold a send past the cluster's move of its partitions
         # (streams/config.py, docs/reliability.md); the delivery timeout stays below FLUSH_TIMEOUT_S.
         "socket.timeout.ms": config.WORKER_SOCKET_TIMEOUT_MS,
@@ -594,10 +597,10 @@ class Engine:
         own_results = self.client_results
         for o in outputs:
             if o.topic != "commands":
-                produce(producer, topics[o.topic], o.value, o.key, partition=o.partition, timestamp=o.timestamp_ms)
+                # No partition given: the producer's partitioner places the record by its key's murmur2 hash.
+                produce(producer, topics[o.topic], o.value, o.key, timestamp=o.timestamp_ms)
                 if o.client_id is not None and o.client_id in own_results:  # the client's own copy
-                    produce(producer, own_results[o.client_id], o.value, o.key, partition=o.partition,
-                            timestamp=o.timestamp_ms)
+                    produce(producer, own_results[o.client_id], o.value, o.key, timestamp=o.timestamp_ms)
                 continue
             run = follow_ups.setdefault(o.partition, [])
             size = run_bytes.get(o.partition, 0) + len(o.value)
