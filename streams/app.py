@@ -144,7 +144,8 @@ async def serve_metrics() -> None:
 if ticks.INTERVAL_S > 0:
     @app.timer(ticks.INTERVAL_S)
     async def tick_quiet_partitions() -> None:
-        """Time moves on every partition this worker owns, so due holds expire without traffic (streams/ticks.py)."""
+        """Time moves on the partitions this worker owns where a hold is due, so it expires without traffic
+        (streams/ticks.py)."""
         topic = commands.get_topic_name()
         owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topic)
         if owned:

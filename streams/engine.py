@@ -627,16 +627,28 @@ class Engine:
                 timestamp=first.timestamp_ms)
 
     def produce_ticks(self, partitions: list[int]) -> None:
-        """A sealed tick into each of these commands partitions (the ones this worker owns), so due holds expire
-        on partitions without traffic (streams/ticks.py). Outside the partitions' transactions: a tick carries
-        only its log time, so a lost or repeated one changes nothing."""
+        """A sealed tick into each of these commands partitions (the ones this worker owns) where a hold is due
+        by the wall clock, so it expires without traffic (streams/ticks.py). A partition with nothing due gets
+        none: an idle ledger's log stays still. Outside the partitions' transactions: a tick carries only its
+        log time, so a lost or repeated one changes nothing (and a look at a heap being changed by a decision
+        at worst sends one in vain or one interval late)."""
+        due = [p for p in partitions if self._due(p, int(time.time() * 1000))]
+        if not due:
+            return
         if self._tick_producer is None:
             self._tick_producer = _producer(self.settings)
         topic, value = self._topics["commands"], ticks.value()
-        for p in partitions:
+        for p in due:
             produce(self._tick_producer, topic, value, ticks.KEY, partition=p,
                     headers=self.seal.headers(topic, p, value))
         self._tick_producer.poll(0)
+
+    def _due(self, partition: int, now_ms: int) -> bool:
+        """Whether the partition's earliest indexed expiry has passed (ended holds still indexed count too: the
+        tick drops them)."""
+        proc = self.processors.get(partition)
+        expiries = proc.state.expiries if proc is not None else ()
+        return bool(expiries) and expiries[0][0] <= now_ms
 
     def close(self) -> None:
         for producer in self.producers.values():
