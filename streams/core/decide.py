@@ -309,7 +309,10 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
     assert not any(sums.values()), "double entry: an accepted transaction must balance per currency"
     opened: tuple[Event, ...] = ()
     if late_debit:
-        opened, legs = _overdraw_to_receivables(state, accounts, legs, posted_delta, held_delta, late_debit, at_ms)
+        overdraw = _overdraw_to_receivables(state, accounts, legs, posted_delta, held_delta, late_debit, at_ms)
+        if type(overdraw[0]) is Rejection:
+            return overdraw
+        opened, legs = overdraw
     return (*opened, TransactionPosted(
         transaction_id=c.transaction_id, legs=legs, kind=c.kind, reference=c.reference, links=c.links,
         metadata=c.metadata, occurred_at_ms=c.occurred_at_ms, rate_snapshot_id=c.rate_snapshot_id, at_ms=at_ms,
@@ -344,9 +347,10 @@ def _judge_reverse(state: StateReader, c: ReverseTransaction, currencies: Curren
 
 def _overdraw_to_receivables(state: StateReader, accounts: dict[str, Account], legs: tuple[Leg, ...],
                              posted_delta: dict[str, int], held_delta: dict[str, int],
-                             late_debit: dict[str, int], at_ms: int) -> tuple[tuple[Event, ...], tuple[Leg, ...]]:
+                             late_debit: dict[str, int], at_ms: int) -> "tuple[tuple[Event, ...], tuple[Leg, ...]] | _Failure":
     """A late settlement keeps P2: what an account's available cannot cover of its late captures is debited
-    from its owner's receivable instead (opened here on first use), on a leg naming the same hold."""
+    from its owner's receivable instead (opened here on first use), on a leg naming the same hold. A receivable
+    an operator closed cannot take it (account_closed): the one refusal a late settlement can meet."""
     shortfall: dict[str, int] = {}
     for account_id, late_part in late_debit.items():
         account = accounts[account_id]
@@ -370,7 +374,10 @@ def _overdraw_to_receivables(state: StateReader, accounts: dict[str, Account], l
         shortfall[leg.account_id] = short - moved
         account = accounts[leg.account_id]
         receivable = receivable_of(account.routing_key, account.currency)
-        if state.account(receivable) is None and all(e.account_id != receivable for e in opened):
+        existing = state.account(receivable)
+        if existing is not None and existing.status is _CLOSED:
+            return (Rejection.ACCOUNT_CLOSED, f"receivable {receivable} is closed")
+        if existing is None and all(e.account_id != receivable for e in opened):
             opened.append(AccountOpened(account_id=receivable, currency=account.currency,
                                         routing_key=account.routing_key, policy=SYSTEM_POLICY, at_ms=at_ms))
         if leg.amount + moved:
