@@ -538,6 +538,10 @@ class Spanning:
                                           reserved=self.locked_amount(leg.hold_id))
         if type(judged) is tuple:
             return judged
+        if judged:  # a late settlement: its overdraw may need the owner's receivable, which must not be closed
+            receivable = self.state.account(settlement.receivable_of(account.routing_key, account.currency))
+            if receivable is not None and receivable.status is core.AccountStatus.CLOSED:
+                return Rejection.ACCOUNT_CLOSED, f"receivable {receivable.id} is closed"
         if account.status is core.AccountStatus.CLOSED or (account.status is core.AccountStatus.FROZEN
                                                            and not judged):
             reason = Rejection.ACCOUNT_FROZEN if account.status is core.AccountStatus.FROZEN else Rejection.ACCOUNT_CLOSED
