@@ -46,6 +46,8 @@ report_app = typer.Typer(help="Month-end reports from the read API (`ledger api`
 app.add_typer(report_app, name="report")
 currency_app = typer.Typer(help="Currencies registered at runtime.", no_args_is_help=True)
 app.add_typer(currency_app, name="currency")
+rates_app = typer.Typer(help="FX rate snapshots recorded in the ledger (a rates producer).", no_args_is_help=True)
+app.add_typer(rates_app, name="rates")
 API_URL = typer.Option("http://127.0.0.1:8080", "--api", envvar="LEDGER_API_URL", help="The read API.")
 AS_JSON = typer.Option(False, "--json", help="Print the API's JSON.")
 
@@ -571,6 +573,38 @@ def reconcile(
         counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in result.counts.items())
         typer.echo(f"{account} ({view['account_type']}, {currency.code}): {counts}")
     raise typer.Exit(0 if result.reconciled else 1)
+
+
+@rates_app.command("publish")
+def rates_publish(
+    snapshot_id: str = typer.Argument(..., help="The snapshot's id, named by conversions (rate_snapshot_id)."),
+    base: str = typer.Argument(..., help="Currency converted from, e.g. USD."),
+    quote: str = typer.Argument(..., help="Currency converted to, e.g. EUR."),
+    rate: str = typer.Argument(..., help="Units of quote per unit of base, an exact decimal, e.g. 0.925."),
+    valid_for_s: int = typer.Option(60, "--valid-for", help="Seconds from now after which it is stale."),
+    client_id: str = CLIENT_ID,
+    timeout_s: float = typer.Option(60.0, "--timeout", help="Seconds to wait for every partition."),
+) -> None:
+    """Record a rate snapshot in every partition; exit 0 once each has it (accepted or rate_exists)."""
+    import time
+
+    from connectors.client import LedgerClient, ResultTimeout
+
+    client = LedgerClient(config.load(), client_id)
+    try:
+        ids = client.record_rate(snapshot_id, base, quote, rate, int(time.time() * 1000) + valid_for_s * 1000)
+        results = client.wait(ids, timeout_s)
+    except ResultTimeout as exc:
+        typer.echo(f"no result within {timeout_s}s for {exc.missing}; sending it again is safe", err=True)
+        raise typer.Exit(3)
+    finally:
+        client.close()
+    refused = {i: f"{r['reason']}: {r['detail']}" for i, r in results.items()
+               if r["outcome"] != "accepted" and r["reason"] != "rate_exists"}
+    for command_id, why in refused.items():
+        typer.echo(f"{command_id}: rejected {why}", err=True)
+    typer.echo(f"{snapshot_id} {base}/{quote} {rate}: recorded in {len(ids) - len(refused)} of {len(ids)} partitions")
+    raise typer.Exit(1 if refused else 0)
 
 
 @currency_app.command("register")

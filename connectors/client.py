@@ -292,14 +292,30 @@ class LedgerClient:
         currency is usable in a partition once its copy is accepted (or answered currency_exists)."""
         if type(scale) is not int:
             raise ClientValidationError(f"a scale is an int, got {scale!r}")
-        base = command_id or f"currency:{code}"
         _require_id(code, "code")
+        return self._to_every_partition(command_id or f"currency:{code}", "RegisterCurrency",
+                                        {"currency": code, "scale": scale})
+
+    def record_rate(self, snapshot_id: str, base: str, quote: str, rate: str, expires_at_ms: int, *,
+                    command_id: str | None = None) -> list[str]:
+        """Record an FX rate snapshot in every partition (what a rates producer does): one RecordRate per
+        partition, ids `<id>@<partition>` (default id `rate:<snapshot_id>`). rate: units of quote per unit of
+        base as an exact decimal string; from expires_at_ms (log time) on, a transaction naming it is
+        stale_rate, and one naming a snapshot its partition never recorded is unknown_rate."""
+        _require_id(snapshot_id, "snapshot_id")
+        if not isinstance(rate, str):
+            raise ClientValidationError(f"a rate is an exact decimal string, got {type(rate).__name__}")
+        return self._to_every_partition(command_id or f"rate:{snapshot_id}", "RecordRate", {
+            "snapshot_id": snapshot_id, "base": base, "quote": quote, "rate": rate, "expires_at_ms": expires_at_ms})
+
+    def _to_every_partition(self, base_id: str, name: str, body: dict[str, Any]) -> list[str]:
+        """One copy of a command in each partition, each under its own id, decided by that partition."""
         ids = []
         for partition in range(self.settings.partitions):
-            record = {"command_id": f"{base}@{partition}", "client_id": self.client_id,
-                      "body": ("ledger.RegisterCurrency", {"currency": code, "scale": scale})}
+            record = {"command_id": f"{base_id}@{partition}", "client_id": self.client_id,
+                      "body": (f"ledger.{name}", body)}
             encoded = self._codec.encode("command", record)
-            self.send_raw(encoded, f"currency:{code}", partition)
+            self.send_raw(encoded, base_id, partition)
             self._answers.sent(record["command_id"], encoded)
             ids.append(record["command_id"])
         return ids

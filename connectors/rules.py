@@ -42,7 +42,8 @@ DEFAULT_CLIENT_ID = "rules"
 # The metadata keys that record which rule, at which version, posted a transaction (read back by the API).
 RULE_KEY, RULE_VERSION_KEY = "rule", "rule_version"
 # Rejections that mean "too early, the command it depends on has not been applied yet".
-ORDERING_REASONS = frozenset({"unknown_hold", "unknown_account"})
+# unknown_rate: a conversion that overtook the recording of its rate snapshot (RecordRate).
+ORDERING_REASONS = frozenset({"unknown_hold", "unknown_account", "unknown_rate"})
 # Rejections that mean "try again later": the engine remembers every decision, so a later try is the next
 # attempt (a new command id), like an ordering rejection.
 TRANSIENT_REASONS = frozenset({"in_flight"})

@@ -391,7 +391,7 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
         kind, body = _body(cmds[0])
         expected = len(body["legs"]) if kind == "PostTransaction" else \
             per_transaction[body["reverses"]] if kind == "ReverseTransaction" else \
-            0 if kind == "RegisterCurrency" else 1  # a currency changes no account
+            0 if kind in ("RegisterCurrency", "RecordRate") else 1  # a currency or a rate changes no account
         if kind == "PostTransaction" and key in receivable:
             named = {leg["account_id"] for leg in body["legs"]}
             added = [is_leg for account, is_leg in receivable[key] if account not in named]

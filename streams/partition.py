@@ -40,6 +40,8 @@ from streams.wire import (
     hold_to_record,
     rejection_to_wire,
     result_to_wire,
+    rate_from_record,
+    rate_to_record,
     transaction_from_record,
     transaction_to_record,
 )
@@ -230,6 +232,10 @@ class PartitionState:
             self._transactions[transaction_id] = value
             return value
 
+    def rate(self, snapshot_id: str) -> core.RateSnapshot | None:
+        raw = self._get(b"r/" + snapshot_id.encode())  # rare (conversions only): not cached
+        return None if raw is None else rate_from_record(json.loads(raw))
+
     def processed(self, key: tuple[str, str]) -> Processed | None:
         if key == self._not_in_inbox:  # the engine looked it up just before the core asks
             return None
@@ -279,6 +285,11 @@ class PartitionState:
                 else:
                     puts.pop(key, None)
                     self._deletes.add(key)
+        for record in change.get("rates", ()):
+            key = b"r/" + record["snapshot_id"].encode()
+            touch(key)
+            puts[key] = dict(record)
+            self._deletes.discard(key)
         for record in change.get("currencies", ()):
             key = b"c/" + record["currency"].encode()
             touch(key)
@@ -791,13 +802,15 @@ class PartitionProcessor:
         wire_result = result_to_wire(result, command.at_ms, transaction_id, holds)
         self.commit_change(command.client_id, command.command_id, fingerprint, offset, wire_result,
                            list(changes.accounts.values()), holds, changes.history,
-                           transactions=list(changes.transactions.values()), currencies=changes.currencies)
+                           transactions=list(changes.transactions.values()), currencies=changes.currencies,
+                           rates=changes.rates)
 
     def commit_change(self, client_id: str, command_id: str, fingerprint: str, offset: int,
                       wire_result: dict[str, Any], accounts: list[Account] = (), holds: list[Hold] = (),
                       history: tuple = (), records: list[tuple[str, Any]] = (),
                       transactions: list[core.PostedTransaction] = (),
-                      currencies: tuple[core.Currency, ...] = ()) -> None:
+                      currencies: tuple[core.Currency, ...] = (),
+                      rates: tuple[core.RateSnapshot, ...] = ()) -> None:
         """Stage one decided command (its StateChange) and queue its outputs: the result, one history entry
         per change (the new balance of each changed account is queued once per batch, by take()). records:
         engine records (key, JSON value or None to delete) written in the same StateChange."""
@@ -818,6 +831,7 @@ class PartitionProcessor:
             "records": [{"key": k, "value": None if v is None else _dumps(v)} for k, v in records],
             "transactions": [transaction_to_record(t) for t in transactions],
             "currencies": [{"currency": c.code, "scale": c.scale} for c in currencies],
+            "rates": [rate_to_record(r) for r in rates],
         }
         encoded_change = self._codec.encode("state", change)
         if len(encoded_change) > limits.OUTPUT_RECORD_BYTES:

@@ -21,6 +21,7 @@ from streams.core import (
     HoldStatus,
     Leg,
     PostedTransaction,
+    RateSnapshot,
     Rejection,
     Result,
 )
@@ -98,6 +99,8 @@ def command_from_wire(record: dict[str, Any], at_ms: int) -> core.Command:
         return core.ReverseTransaction(**common, **body)
     if kind == "RegisterCurrency":
         return core.RegisterCurrency(**common, **body)
+    if kind == "RecordRate":
+        return core.RecordRate(**common, **body)
     simple = {
         "FreezeAccount": core.FreezeAccount,
         "UnfreezeAccount": core.UnfreezeAccount,
@@ -142,6 +145,9 @@ def command_to_wire(command: core.Command) -> dict[str, Any]:
         }
     elif isinstance(command, (core.ReleaseHold, core.ExpireHold)):
         body = {"hold_id": command.hold_id}
+    elif isinstance(command, core.RecordRate):
+        body = {"snapshot_id": command.snapshot_id, "base": command.base, "quote": command.quote,
+                "rate": command.rate, "expires_at_ms": command.expires_at_ms}
     elif isinstance(command, core.RegisterCurrency):
         body = {"currency": command.currency, "scale": command.scale}
     elif isinstance(command, core.ReverseTransaction):
@@ -192,6 +198,15 @@ def hold_from_record(r: dict[str, Any]) -> Hold:
         r["hold_id"], r["account_id"], int(r["amount"]), int(r["captured"]), int(r["released"]),
         HoldStatus(r["status"]), r["expires_at_ms"], tuple(r["capture_transaction_ids"]),
     )
+
+
+def rate_to_record(r: RateSnapshot) -> dict[str, Any]:
+    return {"snapshot_id": r.snapshot_id, "base": r.base, "quote": r.quote, "rate": r.rate, "at_ms": r.at_ms,
+            "expires_at_ms": r.expires_at_ms}
+
+
+def rate_from_record(r: dict[str, Any]) -> RateSnapshot:
+    return RateSnapshot(r["snapshot_id"], r["base"], r["quote"], r["rate"], r["at_ms"], r["expires_at_ms"])
 
 
 def transaction_to_record(t: PostedTransaction) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from streams.core.commands import (
     OpenAccount,
     PlaceHold,
     PostTransaction,
+    RecordRate,
     RegisterCurrency,
     ReleaseHold,
     ReverseTransaction,
@@ -44,6 +45,7 @@ from streams.core.model import (
     HoldStatus,
     Leg,
     PostedTransaction,
+    RateSnapshot,
     routing_key_for,
 )
 from streams.core.money import (
@@ -64,9 +66,9 @@ __all__ = [
     "BalanceView", "Changes", "CloseAccount", "Command", "Currency", "CurrencyRegistered", "CurrencyRegistry",
     "DEFAULT_CURRENCIES", "DEFAULT_POLICY", "Event", "ExpireHold", "FreezeAccount", "HistoryEntry", "Hold",
     "HoldExpired", "HoldPlaced", "HoldReleased", "HoldStatus", "InboxKey", "Leg", "MAX_ABS_AMOUNT", "MAX_LEGS",
-    "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "PostedTransaction", "Processed",
-    "RegisterCurrency", "Rejection", "ReleaseHold", "Result", "ReverseTransaction", "SYSTEM_POLICY", "StateReader",
-    "TransactionPosted", "TransactionReversed", "UnfreezeAccount", "accounts_touched", "apply",
+    "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "PostedTransaction", "Processed", "RateSnapshot",
+    "RecordRate", "RegisterCurrency", "Rejection", "ReleaseHold", "Result", "ReverseTransaction", "SYSTEM_POLICY",
+    "StateReader", "TransactionPosted", "TransactionReversed", "UnfreezeAccount", "accounts_touched", "apply",
     "assert_changes_balanced", "balance_as_of_seq", "balance_as_of_time", "check_account", "check_hold", "decide",
     "execute", "format_amount", "no_changes", "parse_amount", "reversal_of", "routing_key_for",
 ]

@@ -18,10 +18,19 @@ from streams.core.events import (
     HoldExpired,
     HoldPlaced,
     HoldReleased,
+    RateRecorded,
     TransactionPosted,
     TransactionReversed,
 )
-from streams.core.model import Account, AccountStatus, HistoryEntry, Hold, HoldStatus, PostedTransaction
+from streams.core.model import (
+    Account,
+    AccountStatus,
+    HistoryEntry,
+    Hold,
+    HoldStatus,
+    PostedTransaction,
+    RateSnapshot,
+)
 from streams.core.money import Currency
 from streams.core.state import Changes, StateReader
 
@@ -40,7 +49,7 @@ KIND_HOLD_EXPIRED = "hold_expired"
 class _Overlay:
     """The records as they stand part-way through one decision: changed ones first, then the state."""
 
-    __slots__ = ("state", "accounts", "holds", "history", "transactions", "currencies")
+    __slots__ = ("state", "accounts", "holds", "history", "transactions", "currencies", "rates")
 
     def __init__(self, state: StateReader) -> None:
         self.state = state
@@ -49,6 +58,7 @@ class _Overlay:
         self.history: list[HistoryEntry] = []
         self.transactions: dict[str, PostedTransaction] = {}
         self.currencies: list[Currency] = []
+        self.rates: list[RateSnapshot] = []
 
     def account(self, account_id: str) -> Account:
         account = self.accounts.get(account_id)
@@ -161,6 +171,10 @@ def _apply_currency(o: _Overlay, e: CurrencyRegistered) -> None:
     o.currencies.append(Currency(e.currency, e.scale))
 
 
+def _apply_rate(o: _Overlay, e: RateRecorded) -> None:
+    o.rates.append(e.snapshot)
+
+
 def _apply_placed(o: _Overlay, e: HoldPlaced) -> None:
     assert o.holds.get(e.hold_id) is None and o.state.hold(e.hold_id) is None
     account = o.account(e.account_id)
@@ -194,6 +208,7 @@ _APPLIERS = {
     TransactionPosted: _apply_posted,
     TransactionReversed: _apply_reversed,
     CurrencyRegistered: _apply_currency,
+    RateRecorded: _apply_rate,
     HoldPlaced: _apply_placed,
     HoldReleased: _apply_released,
     HoldExpired: _apply_expired,
@@ -206,4 +221,4 @@ def apply(state: StateReader, events: Iterable[Event]) -> Changes:
     for event in events:
         _APPLIERS[type(event)](overlay, event)  # KeyError here = not an event: a programmer error
     return Changes(overlay.accounts, overlay.holds, tuple(overlay.history), None, overlay.transactions,
-                   tuple(overlay.currencies))
+                   tuple(overlay.currencies), tuple(overlay.rates))

@@ -319,9 +319,35 @@ class RegisterCurrency(_CommandBase):
         return ("RegisterCurrency", self.client_id, self.command_id, self.currency, self.scale)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordRate(_CommandBase):
+    """Record an FX rate snapshot in one partition (a rates producer sends one copy per partition, like
+    RegisterCurrency). A transaction naming a snapshot (rate_snapshot_id) is refused unknown_rate where it
+    was not recorded, stale_rate from its expires_at_ms on."""
+
+    command_id: str  # unique per client (copies: "<id>@<partition>")
+    client_id: str  # the rates producer
+    at_ms: int  # log time, ms since epoch
+    snapshot_id: str  # the snapshot's id, unique ledger-wide
+    base: str  # currency converted from
+    quote: str  # currency converted to
+    rate: str  # units of quote per unit of base: an exact positive decimal string
+    expires_at_ms: int  # log time from which it is stale; after at_ms
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        for name in ("snapshot_id", "base", "quote", "rate"):
+            require_str(getattr(self, name), name)
+        require_int(self.expires_at_ms, "expires_at_ms")
+
+    def _payload(self) -> tuple:
+        return ("RecordRate", self.client_id, self.command_id, self.snapshot_id, self.base, self.quote, self.rate,
+                self.expires_at_ms)
+
+
 Command = Union[
     OpenAccount, FreezeAccount, UnfreezeAccount, CloseAccount, PostTransaction, PlaceHold, ReleaseHold,
-    ExpireHold, ReverseTransaction, RegisterCurrency,
+    ExpireHold, ReverseTransaction, RegisterCurrency, RecordRate,
 ]
 
 
@@ -335,7 +361,7 @@ def accounts_touched(command: Command) -> tuple[str, ...]:
     if isinstance(command, (OpenAccount, FreezeAccount, UnfreezeAccount, CloseAccount, PlaceHold,
                             ReverseTransaction)):
         return (command.account_id,)
-    if isinstance(command, (ReleaseHold, ExpireHold, RegisterCurrency)):
+    if isinstance(command, (ReleaseHold, ExpireHold, RegisterCurrency, RecordRate)):
         return ()
     raise TypeError(f"not a command: {command!r}")
 

@@ -13,6 +13,7 @@ Decision path, for every command:
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from streams.core.apply import apply
 from streams.core.commands import (
@@ -23,6 +24,7 @@ from streams.core.commands import (
     OpenAccount,
     PlaceHold,
     PostTransaction,
+    RecordRate,
     RegisterCurrency,
     ReleaseHold,
     ReverseTransaction,
@@ -37,11 +39,12 @@ from streams.core.events import (
     HoldExpired,
     HoldPlaced,
     HoldReleased,
+    RateRecorded,
     TransactionPosted,
     TransactionReversed,
 )
 from streams.core.invariants import assert_changes_balanced
-from streams.core.model import SYSTEM_POLICY, Account, AccountStatus, HoldStatus, Leg, routing_key_for
+from streams.core.model import SYSTEM_POLICY, Account, AccountStatus, HoldStatus, Leg, RateSnapshot, routing_key_for
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, MAX_SCALE, CurrencyRegistry, valid_code
 from streams.core.rejections import Rejection
 from streams.core.results import ACCEPTED, REJECTED, Processed, Result
@@ -150,7 +153,7 @@ def _judge_transaction(state: StateReader, c: PostTransaction, currencies: Curre
     """Fast path for the common plain transfer (debit leg, then credit leg); everything else, and every
     case the fast path cannot accept, goes through the general rules, which alone decide rejections."""
     legs = c.legs
-    if len(legs) == 2 and c.transaction_id and c.kind and not c.metadata:
+    if len(legs) == 2 and c.transaction_id and c.kind and not c.metadata and c.rate_snapshot_id is None:
         debit_leg, credit_leg = legs
         amount = credit_leg.amount
         debit_id = debit_leg.account_id
@@ -193,8 +196,10 @@ def _judge_transaction(state: StateReader, c: PostTransaction, currencies: Curre
     return _judge_transaction_rules(state, c, currencies)
 
 
-def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry) -> _Judgement:
-    """The general rules for any transaction, in stages following the precedence of Rejection."""
+def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry,
+                             check_rate: bool = True) -> _Judgement:
+    """The general rules for any transaction, in stages following the precedence of Rejection. check_rate:
+    judge the rate snapshot it names (a reversal carries its original's, however old, and is not judged)."""
     legs = c.legs
     failures: list[_Failure] = []
 
@@ -239,6 +244,18 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
                              f"leg {index}: {leg.currency} on {account.currency} account {account_id}"))
     if failures:
         return min(failures)
+
+    # Stage 2b: the FX rate snapshot it names was recorded here, is fresh and is for its currencies (fail closed).
+    if check_rate and c.rate_snapshot_id is not None:
+        snapshot = state.rate(c.rate_snapshot_id)
+        if snapshot is None:
+            return (Rejection.UNKNOWN_RATE, f"rate snapshot {c.rate_snapshot_id} was not recorded")
+        if c.at_ms >= snapshot.expires_at_ms:
+            return (Rejection.STALE_RATE, f"rate snapshot {snapshot.snapshot_id} expired at {snapshot.expires_at_ms}")
+        touched = {accounts[leg.account_id].currency for leg in legs}
+        if not {snapshot.base, snapshot.quote} <= touched:
+            return (Rejection.RATE_MISMATCH, f"rate snapshot {snapshot.snapshot_id} is for {snapshot.base}/"
+                                             f"{snapshot.quote}, the legs are in {'/'.join(sorted(touched))}")
 
     # Stage 3: each currency's legs sum to zero; per-account changes (several legs of one account combine).
     sums: dict[str, int] = {}
@@ -339,7 +356,7 @@ def _judge_reverse(state: StateReader, c: ReverseTransaction, currencies: Curren
     mirror = reversal_of(original, transaction_id=c.transaction_id, command_id=c.command_id,
                          client_id=c.client_id, at_ms=c.at_ms, reference=c.reference,
                          occurred_at_ms=c.occurred_at_ms)
-    judged = _judge_transaction_rules(state, mirror, currencies)
+    judged = _judge_transaction_rules(state, mirror, currencies, check_rate=False)
     if type(judged[0]) is Rejection:
         return judged
     return (*judged, TransactionReversed(transaction_id=c.reverses, reversed_by=c.transaction_id, at_ms=c.at_ms))
@@ -485,6 +502,28 @@ def _judge_register(state: StateReader, c: RegisterCurrency, currencies: Currenc
     return (CurrencyRegistered(currency=c.currency, scale=c.scale, at_ms=c.at_ms),)
 
 
+_RATE = re.compile(r"[0-9]+(\.[0-9]+)?", re.ASCII)
+
+
+def _judge_record_rate(state: StateReader, c: RecordRate, currencies: CurrencyRegistry) -> _Judgement:
+    """A snapshot of a known pair with a positive exact rate that expires after it is recorded; the same id
+    again is a no-op answered rate_exists (with other content too: a snapshot never changes)."""
+    if not c.snapshot_id:
+        return (_INVALID, "snapshot_id is empty")
+    if c.base == c.quote:
+        return (_INVALID, "a rate needs two currencies")
+    if _RATE.fullmatch(c.rate) is None or not c.rate.strip("0."):
+        return (Rejection.INVALID_AMOUNT, f"rate {c.rate[:40]!r} is not a positive decimal string")
+    if c.expires_at_ms <= c.at_ms:
+        return (_INVALID, f"expires_at_ms {c.expires_at_ms} is not after at_ms {c.at_ms}")
+    for code in (c.base, c.quote):
+        if currencies.get(code) is None:
+            return (Rejection.UNKNOWN_CURRENCY, f"currency {code} is not registered")
+    if state.rate(c.snapshot_id) is not None:
+        return (Rejection.RATE_EXISTS, f"rate snapshot {c.snapshot_id} was recorded already")
+    return (RateRecorded(snapshot=RateSnapshot(c.snapshot_id, c.base, c.quote, c.rate, c.at_ms, c.expires_at_ms)),)
+
+
 # ---------------------------------------------------------------------------------------------------- dispatch
 
 _JUDGES = {
@@ -498,6 +537,7 @@ _JUDGES = {
     ExpireHold: _judge_expire,
     ReverseTransaction: _judge_reverse,
     RegisterCurrency: _judge_register,
+    RecordRate: _judge_record_rate,
 }
 
 
@@ -555,4 +595,4 @@ def execute(
     changes = apply(state, result.events)
     assert_changes_balanced({aid: state.account(aid) for aid in changes.accounts}, changes.accounts.values())
     return result, Changes(changes.accounts, changes.holds, changes.history, processed, changes.transactions,
-                           changes.currencies)
+                           changes.currencies, changes.rates)

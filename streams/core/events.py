@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from streams.core.model import AccountPolicy, AccountStatus, AccountType, Leg
+from streams.core.model import AccountPolicy, AccountStatus, AccountType, Leg, RateSnapshot
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,7 +100,14 @@ class CurrencyRegistered:
     at_ms: int  # log time of the command
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateRecorded:
+    """An FX rate snapshot became known to this partition."""
+
+    snapshot: RateSnapshot  # the snapshot, complete
+
+
 Event = Union[
     AccountOpened, AccountStatusChanged, TransactionPosted, TransactionReversed, HoldPlaced, HoldReleased,
-    HoldExpired, CurrencyRegistered,
+    HoldExpired, CurrencyRegistered, RateRecorded,
 ]

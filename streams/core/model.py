@@ -169,6 +169,18 @@ class PostedTransaction:
 
 
 @dataclass(frozen=True, slots=True)
+class RateSnapshot:
+    """An FX rate as a rates producer recorded it in the ledger: what a conversion naming it may use."""
+
+    snapshot_id: str  # what transactions name in rate_snapshot_id
+    base: str  # currency code converted from
+    quote: str  # currency code converted to
+    rate: str  # units of quote per unit of base, an exact decimal string (never a float)
+    at_ms: int  # log time it was recorded
+    expires_at_ms: int  # log time from which a transaction naming it is stale_rate
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """One change to one account, in the account's journal (the history topic).
 

@@ -92,6 +92,14 @@ class Rejection(enum.IntEnum):
     # RegisterCurrency for a code known with another scale: a scale never changes (it would rescale every
     # stored amount).
     CURRENCY_CONFLICT = 31
+    # A transaction names an FX rate snapshot this partition never recorded (RecordRate): it fails closed.
+    UNKNOWN_RATE = 32
+    # The rate snapshot a transaction names had expired when the transaction was decided (log time).
+    STALE_RATE = 33
+    # The rate snapshot is for another currency pair than the transaction's currencies.
+    RATE_MISMATCH = 34
+    # RecordRate for a snapshot id already recorded with other content: a snapshot never changes.
+    RATE_EXISTS = 35
 
     @property
     def code(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from streams.core.model import Account, HistoryEntry, Hold, PostedTransaction
+from streams.core.model import Account, HistoryEntry, Hold, PostedTransaction, RateSnapshot
 from streams.core.money import Currency
 from streams.core.results import Processed, Result
 
@@ -31,6 +31,8 @@ class StateReader(Protocol):
 
     def transaction(self, transaction_id: str) -> PostedTransaction | None: ...
 
+    def rate(self, snapshot_id: str) -> RateSnapshot | None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Changes:
@@ -48,12 +50,14 @@ class Changes:
     transactions: dict[str, PostedTransaction] = field(default_factory=dict)
     # currencies the decision registered (the engine adds them to its partition's registry)
     currencies: tuple[Currency, ...] = ()
+    # FX rate snapshots the decision recorded
+    rates: tuple[RateSnapshot, ...] = ()
 
     @property
     def is_empty(self) -> bool:
         """True when nothing is to be written (a duplicate delivery or an id conflict)."""
         return not (self.accounts or self.holds or self.history or self.processed or self.transactions
-                    or self.currencies)
+                    or self.currencies or self.rates)
 
 
 def no_changes() -> Changes:
@@ -64,7 +68,7 @@ def no_changes() -> Changes:
 class MemoryState:
     """An in-memory StateReader that also keeps the full history, for tests and benchmarks."""
 
-    __slots__ = ("accounts", "holds", "inbox", "history", "transactions")
+    __slots__ = ("accounts", "holds", "inbox", "history", "transactions", "rates")
 
     def __init__(self) -> None:
         self.accounts: dict[str, Account] = {}  # account id -> current record
@@ -72,6 +76,7 @@ class MemoryState:
         self.inbox: dict[InboxKey, Processed] = {}  # decided command keys
         self.history: list[HistoryEntry] = []  # every history entry, in commit order
         self.transactions: dict[str, PostedTransaction] = {}  # posted transactions, for reversals
+        self.rates: dict[str, RateSnapshot] = {}  # recorded FX rate snapshots
 
     def account(self, account_id: str) -> Account | None:
         return self.accounts.get(account_id)
@@ -84,6 +89,9 @@ class MemoryState:
 
     def transaction(self, transaction_id: str) -> PostedTransaction | None:
         return self.transactions.get(transaction_id)
+
+    def rate(self, snapshot_id: str) -> RateSnapshot | None:
+        return self.rates.get(snapshot_id)
 
     def commit(self, changes: Changes) -> None:
         """Write changes (the four commit steps in order). Asserts that per-account seq stays gapless (P3)."""
@@ -101,6 +109,7 @@ class MemoryState:
         self.accounts.update(changes.accounts)
         self.holds.update(changes.holds)
         self.transactions.update(changes.transactions)
+        self.rates.update((r.snapshot_id, r) for r in changes.rates)
         self.history.extend(changes.history)
         if changes.processed is not None:
             key, processed = changes.processed

@@ -11,6 +11,7 @@ Commands (amounts are decimal strings in the account's currency, parsed with par
     release HOLD | expire HOLD | freeze ACCT | unfreeze ACCT | close ACCT
     reverse TX ORIGINAL ACCT              a ReverseTransaction of ORIGINAL, routed by ACCT
     register CODE SCALE                   a RegisterCurrency (the ledger's registry grows when accepted)
+    rate SNAPSHOT BASE QUOTE RATE [expires=MS]   a RecordRate (default expiry: at + 1,000,000)
 Options on any command: id=COMMAND_ID client=CLIENT_ID at=MS (default: 1000 * line number);
 on transactions also kind= ref= occurred=MS link=TX rate=SNAPSHOT meta=K:V.
 Expected result: "ok" or a rejection code, optionally followed by "dup" (answered from the inbox).
@@ -36,6 +37,7 @@ from streams.core import (
     OpenAccount,
     PlaceHold,
     PostTransaction,
+    RecordRate,
     Rejection,
     RegisterCurrency,
     ReleaseHold,
@@ -148,6 +150,10 @@ class Ledger:
             return ReleaseHold(**common, hold_id=positional[0])
         if verb == "expire":
             return ExpireHold(**common, hold_id=positional[0])
+        if verb == "rate":
+            snapshot, base, quote, rate = positional
+            expires = int(one["expires"]) if "expires" in one else common["at_ms"] + 1_000_000
+            return RecordRate(**common, snapshot_id=snapshot, base=base, quote=quote, rate=rate, expires_at_ms=expires)
         if verb == "register":
             code, scale = positional
             return RegisterCurrency(**common, currency=code, scale=int(scale))

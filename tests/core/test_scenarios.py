@@ -259,7 +259,8 @@ freeze seller:USDT                                     | ok
 tx t11 buyer:USDT=-99999 seller:USDT=99999             | insufficient_funds
 transfer t12 seller:USDT->buyer:USDT 0.000001          | insufficient_funds
 tx t13 buyer:USDT=-1 world:USDT=1 meta=a:1 meta=a:2    | invalid_command
-tx t14 buyer:USDT=-1 world:USDT=1 meta=a:1 meta=b:2 rate=r1 link=t0 ref=x | ok | buyer:USDT=39999
+tx t14 buyer:USDT=-1 world:USDT=1 meta=a:1 meta=b:2 link=t0 ref=x | ok | buyer:USDT=39999
+tx t15 buyer:USDT=-1 world:USDT=1 rate=r1                         | unknown_rate
 open x:FOO FOO                                         | unknown_currency
 """)
 
@@ -280,10 +281,11 @@ open fx:EUR EUR neg      | ok
 open u:USD USD           | ok
 open u:EUR EUR           | ok
 transfer d1 world:USD->u:USD 100.00 kind=deposit                          | ok
+rate snap-7 USD EUR 0.925 expires=100000                                   | ok
 tx fx1 u:USD=-100.00 fx:USD=100.00 fx:EUR=-92.50 u:EUR=92.50 kind=fx rate=snap-7 | ok | u:USD=0 u:EUR=92.50
 tx fx2 u:EUR=-1.00 fx:USD=1.00 kind=fx                                      | unbalanced
 """)
-    posted = ledger.results[6].events[0]
+    posted = ledger.results[7].events[0]
     assert isinstance(posted, TransactionPosted) and posted.rate_snapshot_id == "snap-7"
 
 
@@ -510,3 +512,39 @@ register XAG 3 id=r-xag            | ok dup
 """)
     assert ledger.currencies.get("XAU").scale == 3
     assert ledger.state.accounts["ann:XAU"].posted == 1250  # minor units of a 3-decimal currency
+
+
+# --- FX rate snapshots ----------------------------------------------------------------------------------------
+
+FX = """
+open world:USD USD neg   | ok
+open fx:USD USD neg      | ok
+open fx:EUR EUR neg      | ok
+open u:USD USD           | ok
+open u:EUR EUR           | ok
+transfer d1 world:USD->u:USD 100.00 kind=deposit | ok
+"""
+
+
+def test_a_conversion_fails_closed_on_an_unknown_stale_or_foreign_rate_snapshot() -> None:
+    ledger = run(FX + """
+tx x1 u:USD=-10.00 fx:USD=10.00 fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-1          | unknown_rate  | u:USD=100.00
+rate snap-1 USD EUR 0.925 expires=20000 id=rate-1                                      | ok
+rate snap-1 USD EUR 0.93 expires=20000                                                 | rate_exists
+rate snap-2 USD XYZ 1 expires=20000                                                    | unknown_currency
+rate snap-3 USD EUR 0 expires=20000                                                    | invalid_amount
+rate snap-4 USD EUR 1e3 expires=20000                                                  | invalid_amount
+rate snap-5 USD EUR 1.1 expires=5                                                      | invalid_command
+rate snap-6 USD JPY 150.25 expires=20000                                               | ok
+tx x2 u:USD=-10.00 fx:USD=10.00 fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-1          | ok            | u:USD=90.00 u:EUR=9.25
+tx x3 u:USD=-10.00 fx:USD=10.00 fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-6          | rate_mismatch | u:USD=90.00
+# log time 20,000 and later: snap-1 is stale, for transfers naming it too (the fast path cannot skip it)
+tx x4 u:USD=-10.00 fx:USD=10.00 fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-1 at=20000 | stale_rate    | u:USD=90.00
+transfer x5 u:USD->fx:USD 1.00 rate=snap-1 at=20001                                    | stale_rate
+# a reversal carries its original's snapshot and is not refused for its age
+reverse r2 x2 u:USD at=50000                                                           | ok            | u:USD=100.00 u:EUR=0
+""")
+    snapshot = ledger.state.rates["snap-1"]
+    assert (snapshot.base, snapshot.quote, snapshot.rate, snapshot.expires_at_ms) == ("USD", "EUR", "0.925", 20000)
+    reversal = ledger.results[-1].events[0]
+    assert reversal.rate_snapshot_id == "snap-1" and reversal.links == ("x2",)

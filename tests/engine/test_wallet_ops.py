@@ -1,6 +1,6 @@
 """A wallet operator's commands through the real broker and one real worker: reversals (client, CLI and rule),
 account types and the trial balance (projected from the topics into a read store, read through the API), a
-currency registered at runtime (client and CLI).
+currency registered at runtime (client and CLI), FX rate snapshots (the CLI as rates producer, the fx rule).
 
 One worker serves the whole file's test (a worker start is the expensive part), so each command a wallet
 operator gained is proven end to end at a small wall-time cost.
@@ -84,6 +84,22 @@ def test_wallet_operations_through_the_broker(settings, start_worker, tmp_path):
                wallet.post("gold-1", [Leg("sys:world:XAU", -1_250), Leg("user:ann:XAU", 1_250)])]
         assert [outcome(r) for r in wallet.wait(ids).values()] == ["accepted", "accepted"]
         assert latest_balances(settings)["user:ann:XAU"]["posted"] == "1250"  # 1.250 XAU
+
+        # FX rate snapshots: a conversion naming a snapshot the ledger never recorded fails closed; once the
+        # rates producer (the CLI here) has recorded it in every partition, the next attempt converts.
+        ids = [wallet.open_account("user:ann:EUR", "EUR", command_id="open-eur-2"),
+               wallet.post("dep-4", [Leg("sys:world:USD", -1_000), Leg("user:ann:USD", 1_000)], kind="deposit")]
+        assert [outcome(r) for r in wallet.wait(ids).values()] == ["accepted", "accepted"]
+        fx = rules.FxConverted("fx-1", "ann", "USD", "EUR", "10.00", "0.925", "snap-1")
+        ctx = rules.Context(client_id="wallet")
+        first = wallet.wait(wallet.submit(rules.plan(fx, ctx)))["fx_converted:fx-1"]
+        assert outcome(first) == "unknown_rate"
+        done = cli(settings, "rates", "publish", "snap-1", "USD", "EUR", "0.925", "--valid-for", "3600")
+        assert done.returncode == 0 and "recorded in 8 of 8 partitions" in done.stdout, done.stdout + done.stderr
+        retry = rules.next_attempt(fx, first)
+        assert outcome(wallet.wait(wallet.submit(rules.plan(retry, ctx)))["fx_converted:fx-1#2"]) == "accepted"
+        balances = latest_balances(settings)
+        assert (balances["user:ann:USD"]["posted"], balances["user:ann:EUR"]["posted"]) == ("300", "925")
 
         assert wait_quiescent(settings)
         report = verify(settings)

@@ -22,6 +22,7 @@ OCCURRED_MS = 1_600_000_000_000
 def scenario() -> Scenario:
     return (Scenario().users("alice")
             .deposit("d1", "alice", "USDT", "500", occurred_at_ms=OCCURRED_MS)
+            .rate_snapshot("snap-42", "USDT", "BTC", "0.0000125")
             .fx("x1", "alice", "USDT", "BTC", "400", "0.0000125", "snap-42")
             .reversal("r1", "fx_converted:x1", "alice", "USDT")
             .reversal("r2", "deposit_confirmed:d1", "alice", "USDT"))

@@ -152,6 +152,20 @@ class Scenario:
     def transfer(self, transfer_id, src, dst, currency, amount, expect="accepted", **kw) -> "Scenario":
         return self.send(InternalTransfer(transfer_id, src, dst, currency, amount, **kw), expect)
 
+    def rate_snapshot(self, snapshot_id: str, base: str, quote: str, rate: str,
+                      expires_at_ms: int = 2**62, expect: str = "accepted") -> "Scenario":
+        """What a rates producer does: one RecordRate per partition (LedgerClient.record_rate)."""
+        start = len(self.bus.results)
+        for p in range(N):
+            self.bus.send_to(p, C.encode("command", {
+                "command_id": f"rate:{snapshot_id}@{p}", "client_id": "rates", "body": ("ledger.RecordRate", {
+                    "snapshot_id": snapshot_id, "base": base, "quote": quote, "rate": rate,
+                    "expires_at_ms": expires_at_ms})}))
+        self.bus.run()
+        got = [r["outcome"] if r["outcome"] == "accepted" else r["reason"] for r in self.bus.results[start:]]
+        assert got == [expect] * N, got
+        return self
+
     def reversal(self, reversal_id, transaction_id, user, currency, expect="accepted", duplicate=None,
                  **kw) -> "Scenario":
         return self.send(ReversalRequested(reversal_id, transaction_id, user, currency, **kw), expect, duplicate)

@@ -127,6 +127,7 @@ def test_a_deposit_before_its_account_is_opened_is_retried_as_a_new_attempt():
 def test_fx_conversion_is_one_transaction_in_two_currencies_with_its_rate_snapshot():
     s = (Scenario().users("alice")
          .deposit("d1", "alice", "USDT", "1000")
+         .rate_snapshot("snap-42", "USDT", "BTC", "0.0000125")    # the rates producer records it first
          .fx("x1", "alice", "USDT", "BTC", "600", "0.0000125", "snap-42")
          .assert_balances({"alice:USDT": "400", "alice:BTC": "0.0075",
                            "sys:fx:USDT": "600", "sys:fx:BTC": "-0.0075"}))
@@ -134,7 +135,17 @@ def test_fx_conversion_is_one_transaction_in_two_currencies_with_its_rate_snapsh
     assert sorted(h["currency"] for h in legs) == ["BTC", "BTC", "USDT", "USDT"]
     body = s.last_plan.commands[0].record["body"][1]
     assert body["rate_snapshot_id"] == "snap-42" and body["metadata"]["rule"] == "fx_converted"
-    s.fx("x2", "alice", "USDT", "BTC", "1000", "0.0000125", "snap-43", expect="insufficient_funds")
+    s.fx("x2", "alice", "USDT", "BTC", "1000", "0.0000125", "snap-42", expect="insufficient_funds")
+
+
+def test_fx_fails_closed_on_a_snapshot_the_ledger_never_recorded_or_of_another_pair():
+    (Scenario().users("alice")
+     .deposit("d1", "alice", "USDT", "1000")
+     .fx("x1", "alice", "USDT", "BTC", "600", "0.0000125", "snap-404", expect="unknown_rate")
+     .rate_snapshot("snap-eth", "USDT", "ETH", "0.0005")
+     .fx("x2", "alice", "USDT", "BTC", "600", "0.0000125", "snap-eth", expect="rate_mismatch")
+     .rate_snapshot("snap-eth", "USDT", "ETH", "0.0005")   # delivered again: answered as duplicates
+     .assert_balances({"alice:USDT": "1000", "alice:BTC": "0"}))
 
 
 def test_internal_transfer_between_users_in_different_partitions():
