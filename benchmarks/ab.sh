@@ -45,6 +45,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM  # so that EXIT runs cleanup when the run is stopped
 git -C "$ROOT" worktree add --detach "$WORK/rev" "$REV" >/dev/null 2>&1
 git -C "$ROOT" worktree add --detach "$WORK/head" "${AB_HEAD:-HEAD}" >/dev/null 2>&1
 REV_ID=$(git -C "$WORK/rev" rev-parse --short HEAD)
