@@ -168,3 +168,23 @@ def test_a_fill_after_the_sell_orders_hold_was_closed_is_settled_and_the_coordin
          .assert_hold("order:ask-1", "bob:BTC", "released"))
     hold = s.bus.hold("order:ask-1", "user:bob:BTC")
     assert (hold.captured, hold.released) == (20_000000, 0)
+
+
+def test_a_late_fill_across_partitions_is_refused_when_the_owners_receivable_was_closed():
+    """The one refusal a late settlement meets (docs/rules.md): judged at the participant's reservation, so the
+    commit never meets it; nothing posts and clearing stays empty."""
+    s = (Scenario().users("alice", "bob")
+         .deposit("d-alice", "alice", "USDT", "40000")
+         .deposit("d-bob", "bob", "BTC", "0.2")
+         .order_placed("bid-1", "alice", "buy", "0.5", "60000")
+         .order_placed("ask-1", "bob", "sell", "0.2", "59900")
+         .order_closed("ask-1", "bob", "sell")
+         .transfer("gift", "bob", "alice", "BTC", "0.2"))          # the refund spent: a late fill would overdraw
+    for command in ({"command_id": "op-open", "client_id": "ops", "body": ("ledger.OpenAccount", {
+                        "account_id": "user:bob:receivable.BTC", "currency": "BTC", "allow_negative": True,
+                        "overdraft_limit": "0", "max_balance": None, "routing_key": None})},
+                    {"command_id": "op-close", "client_id": "ops", "body": ("ledger.CloseAccount", {
+                        "account_id": "user:bob:receivable.BTC"})}):
+        s.deliver([rules.Routed("user:bob:BTC", command)])
+    s.trade("fill-1", "0.2", "59900", buyer=("alice", "bid-1"), seller=("bob", "ask-1"), expect="account_closed")
+    s.assert_balances({"alice:USDT": ("40000", "30000"), "alice:BTC": "0.2", "bob:BTC": "0", "bob:USDT": "0"})
