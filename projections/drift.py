@@ -14,6 +14,7 @@ entries, not the whole history.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -89,7 +90,7 @@ class DriftChecker:
         state = known
         entries = store.journal(account_id, known.seq if known else 0, seq)
         for entry in entries:
-            state = step(state, entry)
+            state = step(state, _as_entry(entry))
         if state is None or state.seq != seq:
             self._pass_behind += 1  # the history of this seq is not in the store yet
             return
@@ -116,6 +117,15 @@ class DriftChecker:
             return {"passes": self.passes, "checked": self.checked, "behind": self.behind,
                     "last_pass_at": self.last_pass_at,
                     "drifting": [d.as_dict() for _, d in sorted(self.drifts.items())]}
+
+
+def _as_entry(row) -> dict[str, Any]:
+    """A history row of the store as the fold takes entries: a mapping, its metadata decoded (a JSON text
+    column in the store, a map on the wire)."""
+    entry = dict(row)
+    if isinstance(entry.get("metadata"), str):
+        entry["metadata"] = json.loads(entry["metadata"])
+    return entry
 
 
 def run(checker: DriftChecker, target: str, stop: threading.Event, every_s: float = CHECK_EVERY_S) -> None:
