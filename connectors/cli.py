@@ -575,6 +575,52 @@ def reconcile(
     raise typer.Exit(0 if result.reconciled else 1)
 
 
+@app.command("import")
+def import_file(
+    path: str = typer.Argument(..., help="JSON Lines as for submit, each line with its original time at_ms; - for "
+                                         "stdin."),
+    check_only: bool = typer.Option(False, "--check", help="Only the staged check: predict every line, send nothing."),
+    force: bool = typer.Option(False, "--force", help="Send even when the check predicts rejections."),
+    client_id: str = CLIENT_ID,
+    timeout_s: float = typer.Option(120.0, "--timeout", help="Seconds to wait for all results."),
+) -> None:
+    """Backfill history with its original timestamps: check the whole file first (the pure core on an empty
+    ledger predicts each line), then send each command dated at_ms. Exit 0 when every line is accepted."""
+    import sys
+    from collections import Counter
+
+    from connectors.backfill import check, parse_import
+
+    text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    lines, bad = parse_import(text.splitlines(), client_id)
+    for number, error in bad:
+        typer.echo(f"line {number}: {error}", err=True)
+    predicted = check(lines)
+    refused = [p for p in predicted if p.outcome != "accepted"]
+    for p in refused:
+        typer.echo(f"line {p.number}: {p.command_id} would be rejected {p.outcome}", err=True)
+    typer.echo(f"check: {len(lines)} lines, {len(bad)} bad, {len(refused)} predicted rejections")
+    if check_only or bad or (refused and not force):
+        if not check_only:
+            typer.echo("nothing sent (fix the file, or --force to send anyway)", err=True)
+        raise typer.Exit(0 if check_only and not bad and not refused else 1)
+    from connectors.client import LedgerClient, ResultTimeout
+
+    client = LedgerClient(config.load(), client_id)
+    try:
+        for line in lines:
+            client.send_dated(line.record, line.routing_account, line.at_ms)
+        results = client.wait([line.command_id for line in lines], timeout_s)
+    except ResultTimeout as exc:
+        typer.echo(f"no result within {timeout_s}s for {len(exc.missing)} commands; importing again is safe", err=True)
+        raise typer.Exit(3)
+    finally:
+        client.close()
+    outcomes = Counter(r["outcome"] if r["outcome"] == "accepted" else r["reason"] for r in results.values())
+    typer.echo("imported: " + ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())))
+    raise typer.Exit(0 if outcomes.get("accepted", 0) == len(lines) else 1)
+
+
 @rates_app.command("publish")
 def rates_publish(
     snapshot_id: str = typer.Argument(..., help="The snapshot's id, named by conversions (rate_snapshot_id)."),

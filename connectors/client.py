@@ -145,23 +145,35 @@ class LedgerClient:
         self._send_record(record, routing_account)
         return command_id
 
-    def _send_record(self, record: dict[str, Any], routing_account: str) -> None:
+    def _send_record(self, record: dict[str, Any], routing_account: str, timestamp_ms: int | None = None) -> None:
         """A command where it must go: a transaction with debits in several partitions to its coordinator
         and a copy to each other partition it debits (routing.placements), so that every partition it
         touches decides it in this client's order (P10)."""
         record, partitions = routing.placements(record, routing_account, self.settings.partitions)
         encoded = self._codec.encode("command", record)
         for partition in partitions:
-            self.send_raw(encoded, routing_account, partition)
+            self.send_raw(encoded, routing_account, partition, timestamp_ms)
         self._answers.sent(record["command_id"], encoded)
 
-    def send_raw(self, value: bytes, routing_account: str, partition: int | None = None) -> None:
+    def send_dated(self, record: dict[str, Any], routing_account: str, timestamp_ms: int) -> None:
+        """A command record whose log time is timestamp_ms, not now (an import keeping original times: the
+        record timestamp is the command's at_ms). Never batched: a batch has one timestamp."""
+        if self._pending is not None:
+            raise RuntimeError("dated commands are not batched")
+        self._send_record(record, routing_account, timestamp_ms)
+
+    def send_raw(self, value: bytes, routing_account: str, partition: int | None = None,
+                 timestamp_ms: int | None = None) -> None:
         """Produce one encoded command (in order with everything this client sent) to the routing
-        account's partition, or to `partition`."""
+        account's partition, or to `partition`; with timestamp_ms, as the record's timestamp."""
         routing_key = routing.routing_key_for(routing.unsharded(routing_account))
         if partition is None:
             partition = routing.partition_for_key(routing_key, self.settings.partitions)
         key = routing_key.encode()
+        if timestamp_ms is not None:
+            self._produce(value, key, partition, timestamp_ms)
+            self._producer.poll(0)
+            return
         if self._pending is not None:
             if self._pending_bytes.get(partition, 0) + len(value) > BATCH_MAX_BYTES and self._pending.get(partition):
                 self._send_batch(partition)  # this command would take the batch over the size limit
@@ -173,10 +185,11 @@ class LedgerClient:
         self._produce(value, key, partition)
         self._producer.poll(0)
 
-    def _produce(self, value: bytes, key: bytes, partition: int) -> None:
+    def _produce(self, value: bytes, key: bytes, partition: int, timestamp_ms: int | None = None) -> None:
         topic = self.settings.topic("commands")
         headers = None if self._signer is None else self._signer.headers(topic, partition, value)
-        produce(self._producer, topic, value, key, partition=partition, headers=headers)
+        dated = {} if timestamp_ms is None else {"timestamp": timestamp_ms}
+        produce(self._producer, topic, value, key, partition=partition, headers=headers, **dated)
 
     @contextmanager
     def batch(self, max_commands: int = 500) -> Iterator["LedgerClient"]:

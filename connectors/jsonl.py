@@ -1,7 +1,7 @@
 """The JSON Lines command format of `ledger submit`: one command per line, amounts as exact decimal strings.
 
     {"type": "open", "account": "user:1:USD", "currency": "USD"}      (optional "account_type": "asset", ...)
-    {"type": "post", "id": "dep-1", "kind": "deposit",
+    {"type": "post", "id": "dep-1", "kind": "deposit", (optional "occurred_at_ms", "links", "metadata")
      "legs": [{"account": "sys:world:USD", "amount": "-10.00"}, {"account": "user:1:USD", "amount": "10.00"}]}
     {"type": "hold", "id": "order-7", "account": "user:1:USD", "amount": "2.50", "expires_at_ms": 1767225600000}
     {"type": "post", "id": "fill-7", "legs": [{"account": "user:1:USD", "amount": "-2.00", "hold": "order-7"},
@@ -117,7 +117,14 @@ def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CU
         tx_id = command_id or _text(obj, "id")
         tx_kind = _optional_text(obj, "kind") or "transfer"
         reference, metadata = _optional_text(obj, "reference"), _metadata(obj)
-        return Parsed(number, lambda c: c.post(tx_id, legs, kind=tx_kind, reference=reference, metadata=metadata))
+        occurred = obj.get("occurred_at_ms")
+        if occurred is not None and (type(occurred) is not int or not -2**63 <= occurred < 2**63):
+            raise LineError("'occurred_at_ms' must be an integer (ms since the epoch)")
+        links = obj.get("links") or []
+        if not isinstance(links, list) or not all(isinstance(x, str) and x for x in links):
+            raise LineError("'links' must be a list of transaction ids")
+        return Parsed(number, lambda c: c.post(tx_id, legs, kind=tx_kind, reference=reference, metadata=metadata,
+                                               occurred_at_ms=occurred, links=links))
     if kind == "hold":
         account = _text(obj, "account")
         amount = _minor(obj.get("amount"), routing.system_currency(account), currencies, "amount")

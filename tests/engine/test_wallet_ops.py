@@ -1,6 +1,6 @@
 """A wallet operator's commands through the real broker and one real worker: reversals (client, CLI and rule),
 account types and the trial balance (projected from the topics into a read store, read through the API), a
-currency registered at runtime (client and CLI), FX rate snapshots (the CLI as rates producer, the fx rule).
+currency registered at runtime (client and CLI), FX rate snapshots (the CLI as rates producer, the fx rule), an import with original timestamps.
 
 One worker serves the whole file's test (a worker start is the expensive part), so each command a wallet
 operator gained is proven end to end at a small wall-time cost.
@@ -18,6 +18,7 @@ from connectors import rules
 from connectors.client import LedgerClient, Leg
 from projections.api import create_app
 from projections.projector import catch_up
+from projections.topics import read_topic
 from projections.verify import format_report, verify, wait_quiescent
 from tests.engine.test_end_to_end import latest_balances
 from tests.harness import ROOT
@@ -100,6 +101,29 @@ def test_wallet_operations_through_the_broker(settings, start_worker, tmp_path):
         assert outcome(wallet.wait(wallet.submit(rules.plan(retry, ctx)))["fx_converted:fx-1#2"]) == "accepted"
         balances = latest_balances(settings)
         assert (balances["user:ann:USD"]["posted"], balances["user:ann:EUR"]["posted"]) == ("300", "925")
+
+        # An import keeps the original times: the history of an opening, a deposit and a hold of 2020.
+        day, jan_1_2020 = 86_400_000, 1_577_836_800_000
+        lines = [{"type": "open", "account": "user:old:USD", "currency": "USD", "at_ms": jan_1_2020},
+                 {"type": "post", "id": "old-dep", "kind": "deposit", "at_ms": jan_1_2020 + day,
+                  "legs": [{"account": "sys:world:USD", "amount": "-100.00"},
+                           {"account": "user:old:USD", "amount": "100.00"}]},
+                 {"type": "hold", "id": "old-hold", "account": "user:old:USD", "amount": "30.00",
+                  "at_ms": jan_1_2020 + 2 * day}]
+        file = tmp_path / "old.jsonl"
+        file.write_text("\n".join(json.dumps(x) for x in lines + [{**lines[1], "id": "old-pay", "at_ms": jan_1_2020
+                                                                   + 3 * day, "legs": [
+            {"account": "user:old:USD", "amount": "-80.00"}, {"account": "sys:world:USD", "amount": "80.00"}]}]))
+        refused = cli(settings, "import", str(file))  # the check predicts old-pay's insufficient_funds
+        assert refused.returncode == 1 and "line 4: old-pay would be rejected insufficient_funds" in refused.stderr
+        file.write_text("\n".join(json.dumps(x) for x in lines))
+        done = cli(settings, "import", str(file))
+        assert done.returncode == 0 and "imported: 3 accepted" in done.stdout, done.stdout + done.stderr
+        history = [r.value for r in read_topic(settings, "history") if r.value["account_id"] == "user:old:USD"]
+        assert [(h["kind"], h["at_ms"], h["occurred_at_ms"], h["amount"]) for h in history] == [
+            ("account_opened", jan_1_2020, jan_1_2020, "0"),
+            ("deposit", jan_1_2020 + day, jan_1_2020 + day, "10000"),
+            ("hold_placed", jan_1_2020 + 2 * day, jan_1_2020 + 2 * day, "0")]
 
         assert wait_quiescent(settings)
         report = verify(settings)

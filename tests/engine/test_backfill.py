@@ -1,0 +1,50 @@
+"""`ledger import`'s parsing and staged check, broker-free: dated lines in time order, and the pure core's
+prediction of each line on an empty ledger (the broker half is in test_wallet_ops.py)."""
+from __future__ import annotations
+
+import json
+
+from connectors.backfill import check, parse_import
+
+JAN_1_2020 = 1_577_836_800_000
+DAY = 86_400_000
+
+
+def line(at_ms: int, **fields) -> str:
+    return json.dumps({**fields, "at_ms": at_ms})
+
+
+def legs(*pairs: tuple[str, str]) -> list[dict]:
+    return [{"account": a, "amount": v} for a, v in pairs]
+
+
+def test_each_line_keeps_its_time_and_the_check_predicts_every_decision():
+    text = [
+        line(JAN_1_2020, type="open", account="user:old:USD", currency="USD"),
+        line(JAN_1_2020 + DAY, type="post", id="dep-1", kind="deposit",
+             legs=legs(("sys:world:USD", "-100.00"), ("user:old:USD", "100.00"))),
+        line(JAN_1_2020 + 2 * DAY, type="hold", id="h-1", account="user:old:USD", amount="30.00"),
+        line(JAN_1_2020 + 3 * DAY, type="post", id="pay-1", legs=legs(("user:old:USD", "-80.00"),
+                                                                       ("sys:world:USD", "80.00"))),
+        line(JAN_1_2020 + 3 * DAY, type="post", id="pay-2", occurred_at_ms=JAN_1_2020,
+             legs=legs(("user:old:USD", "-70.00"), ("sys:world:USD", "70.00"))),
+        "",
+        line(JAN_1_2020 + 4 * DAY, type="post", id="ghost", legs=legs(("user:nobody:USD", "-1.00"),
+                                                                       ("sys:world:USD", "1.00"))),
+        line(JAN_1_2020, type="release", hold="h-1", account="user:old:USD"),            # out of order
+        json.dumps({"type": "open", "account": "user:x:USD", "currency": "USD"}),        # no at_ms
+    ]
+    lines, bad = parse_import(text, "importer")
+    assert bad == [(8, f"at_ms {JAN_1_2020} is before the previous line's {JAN_1_2020 + 4 * DAY}: an import is "
+                       f"in time order"),
+                   (9, "'at_ms' (the original time, ms since the epoch) is required on every line")]
+    assert [(x.number, x.at_ms) for x in lines] == [(1, JAN_1_2020), (2, JAN_1_2020 + DAY), (3, JAN_1_2020 + 2 * DAY),
+                                                    (4, JAN_1_2020 + 3 * DAY), (5, JAN_1_2020 + 3 * DAY),
+                                                    (7, JAN_1_2020 + 4 * DAY)]
+    deposit = lines[1].record["body"][1]
+    assert deposit["occurred_at_ms"] == JAN_1_2020 + DAY  # business time defaults to the line's time
+    assert lines[4].record["body"][1]["occurred_at_ms"] == JAN_1_2020  # unless the line says otherwise
+    assert [(p.number, p.command_id, p.outcome) for p in check(lines)] == [
+        (1, lines[0].command_id, "accepted"), (2, "dep-1", "accepted"), (3, "hold:h-1", "accepted"),
+        (4, "pay-1", "insufficient_funds"),   # 100 posted, 30 held: 70 available
+        (5, "pay-2", "accepted"), (7, "ghost", "unknown_account")]
