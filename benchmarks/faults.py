@@ -87,6 +87,8 @@ def main() -> int:
                 cluster.start()  # a node the scenario left stopped
             print(f"[{name}] done in {time.monotonic() - started:.0f}s", flush=True)
             print(table(rows), flush=True)
+            for note in rows[-1].notes:
+                print(f"  {name}: {note}", flush=True)
     finally:
         if not args.keep_cluster:
             cluster.stop()
