@@ -48,9 +48,17 @@ def test_a_record_of_follow_ups_stays_far_below_kafkas_record_limit(tmp_path):
 
 # --- records a committed transaction covers (no broker: the commit is stubbed) --------------------------------
 def _outputs_per_open() -> int:
+    """Outputs one opened account adds to a commit: those staged as it is decided, and its balance record, which
+    the batch adds once per account changed (PartitionProcessor.take)."""
+    return sum(_outputs_of_one_open())
+
+
+def _outputs_of_one_open() -> tuple[int, int]:
+    """(outputs staged when the command is decided, outputs take() adds for the batch)."""
     proc = PartitionProcessor(0, 8, MemoryStore())
     proc.handle(0, 1_700_000_000_000, b"k", _records(1)[0].value)
-    return len(proc.take()[0])
+    staged = len(proc.outputs)
+    return staged, len(proc.take()[0]) - staged
 
 
 def _records(count: int) -> list[CommandRecord]:
@@ -60,7 +68,8 @@ def _records(count: int) -> list[CommandRecord]:
 
 def _engine_covering(tmp_path, monkeypatch, covered: int) -> tuple[Engine, list]:
     """An engine whose restore finds the partition's commands covered below `covered`; commits are recorded."""
-    monkeypatch.setattr(engine_module, "OUTPUTS_PER_COMMIT", 2 * _outputs_per_open())
+    # A commit as soon as two records' outputs are staged (checked between records, before take() adds balances).
+    monkeypatch.setattr(engine_module, "OUTPUTS_PER_COMMIT", 2 * _outputs_of_one_open()[0])
     eng = Engine(NO_BROKER, tmp_path)
     commits: list[tuple[dict, int]] = []
 
@@ -70,6 +79,7 @@ def _engine_covering(tmp_path, monkeypatch, covered: int) -> tuple[Engine, list]
 
     def commit(owned, upto):
         outputs, _ = eng.processors[0].take()
+        eng.processors[0].state.commit(0)  # step 5: the staged state written, so the next batch starts clean
         commits.append((dict(upto), len(outputs)))
         eng.covered.update(upto)
 
