@@ -124,8 +124,8 @@ def test_prometheus_scrapes_a_worker_and_the_api_and_fires_an_alert(settings, st
         grafana = json.loads((ROOT / "ops" / "grafana" / "ledger.json").read_text())
         queries = [t["expr"] for p in grafana["panels"] for t in p["targets"]]
         used = set(re.findall(r"ledger_[a-z_]+", (OPS / "alerts.yml").read_text() + " ".join(queries)))
-        wait_for("the rejection's counter", lambda: prometheus_api(
-            prom_port, "query", query="ledger_rejections_total")["result"])
+        for series in ("ledger_rejections_total", 'ledger_currency_sum_minor{currency="USD"}'):
+            wait_for(series, lambda: prometheus_api(prom_port, "query", query=series)["result"])
         exposed = set(prometheus_api(prom_port, "label/__name__/values"))
         assert used - exposed <= {"ledger_clearing_minor", "ledger_stuck_transfers",
                                   "ledger_clearing_oldest_transfer_seconds"}, used - exposed
