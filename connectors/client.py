@@ -25,6 +25,7 @@ from connectors.answers import Answers
 from schemas.codec import DecodeError, codec
 from streams import routing
 from streams.authn import Signer
+from streams.core.rejections import Rejection
 from streams.config import Settings
 from streams.producing import produce
 
@@ -371,9 +372,22 @@ class LedgerClient:
                 log.warning("skipping an unreadable record on %s[%d] at offset %d: %s",
                             msg.topic(), msg.partition(), msg.offset(), exc)
                 continue
-            if result["client_id"] == self.client_id:
-                mine.append(result)
+            if result["client_id"] != self.client_id:
+                continue
+            if result["reason"] == Rejection.NOT_AUTHENTICATED.code and self._signer is not None:
+                self._not_mine(result)
+                continue
+            mine.append(result)
         return mine
+
+    def _not_mine(self, result: dict) -> None:
+        """A signing client's records are authentic: a not_authenticated answer under its id answers a record
+        someone else wrote as this client (or this client's key is wrong). Taking it as the answer to a send
+        could make the caller give up a command that was, or will be, accepted, and send it again under a new
+        id; so it is logged and never answers (a wrong key shows as ResultTimeout and these warnings)."""
+        log.warning("a record written as client %r was not authenticated (%s): a wrong key, or another "
+                    "writer using this client id; not taken as the answer to %r",
+                    self.client_id, result["detail"][:120], result["command_id"][:120])
 
     def result(self, command_id: str, timeout_s: float = 30.0) -> dict:
         return self.wait([command_id], timeout_s)[command_id]

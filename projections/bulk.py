@@ -57,6 +57,7 @@ from projections.store import (ADVANCE_OFFSET, HISTORY_COLUMNS, HISTORY_FIELDS, 
 from schemas.codec import DecodeError, codec
 from streams import routing
 from streams.config import Settings
+from streams.core.rejections import NOT_A_DECISION
 
 log = logging.getLogger("ledger.replay")
 
@@ -225,7 +226,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                     # A 64-bit hash of the key: a collision only sends a row down the exact (slower) path.
                     h = hash((row[0], row[1]))
                     if h in result_keys:
-                        late_results.append((v["reason"] == "id_conflict", row))
+                        late_results.append((v["reason"] in NOT_A_DECISION, row))
                     else:
                         result_keys.add(h)
                         result_rows.append(row)

@@ -35,6 +35,7 @@ from projections.fold import fold_holds, newer_hold, sum_shards
 from streams import routing
 from streams.core.accounting import CurrencyTrialBalance, TrialBalanceLine, default_account_type, trial_balance
 from streams.core.model import AccountType
+from streams.core.rejections import NOT_A_DECISION
 
 TOPICS = ("balances", "history", "results")
 
@@ -321,7 +322,7 @@ class Store:
             row = (v["client_id"], v["command_id"], v["outcome"], v["reason"], v["detail"], v["transaction_id"],
                    v["at_ms"], json.dumps(v["holds"], sort_keys=True))
             # An id_conflict answers a second payload under a used id: it must not replace the decision.
-            (conflicts if v["reason"] == "id_conflict" else rows).append(row)
+            (conflicts if v["reason"] in NOT_A_DECISION else rows).append(row)
         self.conn.executemany(REPLACE_RESULT, rows)
         self.conn.executemany(KEEP_RESULT, conflicts)
         holds = fold_holds(results)

@@ -28,6 +28,7 @@ from projections.topics import SCHEMA_OF_TOPIC, TopicRecord, latest_per_account,
 from schemas.codec import DecodeError, codec
 from streams import routing
 from streams.config import Settings
+from streams.core.rejections import NOT_A_DECISION, Rejection
 from streams.core.settlement import RECEIVABLE_MARK
 from streams.limits import echo_ids
 
@@ -291,7 +292,7 @@ def _decisions(results: Iterable[TopicRecord]) -> dict[CommandKey, dict[bytes, s
     decisions: dict[CommandKey, dict[bytes, str]] = defaultdict(dict)
     for r in results:
         v = r.value
-        if not v["duplicate"] and v["reason"] != "id_conflict":
+        if not v["duplicate"] and v["reason"] not in NOT_A_DECISION:
             decisions[(v["client_id"], v["command_id"])][r.raw] = v["outcome"]
     return decisions
 
@@ -328,7 +329,12 @@ def check_every_command_answered(report: Report, commands: Iterable[TopicRecord]
     delivery, never the first), or a dead letter keyed by its place in the log (partition/offset, plus /index for
     an item of a CommandBatch)."""
     dead_at = {d.key for d in dead_letters}
-    replied = {(r.value["client_id"], r.value["command_id"]) for r in results}
+    replied: set[CommandKey] = set()
+    unauthenticated: set[CommandKey] = set()  # answered, never decided: a record its client did not sign
+    for r in results:
+        replied.add((r.value["client_id"], r.value["command_id"]))
+        if r.value["reason"] == Rejection.NOT_AUTHENTICATED.code:
+            unauthenticated.add((r.value["client_id"], r.value["command_id"]))
     judged: set[CommandKey] = set()
     for cmd in commands:
         if cmd.value is None:
@@ -337,7 +343,7 @@ def check_every_command_answered(report: Report, commands: Iterable[TopicRecord]
             continue
         # A command whose ids are too long to echo is answered under shortened ids (streams/limits.py).
         key = echo_ids(cmd.value["client_id"], cmd.value["command_id"])
-        if key in judged or decisions.get(key):
+        if key in judged or decisions.get(key) or key in unauthenticated:
             continue
         judged.add(key)  # once per command id, however often it was sent
         if key in replied:

@@ -26,6 +26,7 @@ from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rej
 from streams.seal import DEVELOPMENT, Headers, Seal
 from streams.authn import Clients
 from streams.core.policy import judge as judge_policy
+from streams.core.rejections import NOT_A_DECISION
 from streams.spanning import CLEARING_PREFIX, SPANNING_KINDS, Spanning
 from streams.store import KeyValueStore
 from streams.wire import (
@@ -72,8 +73,6 @@ class Output:
     client_id: str | None = None
 
 
-# Answers to a record that is not the command's own: kept under their own key (see result_key).
-_IMPOSTOR_REASONS = ("id_conflict", "not_authenticated")
 
 
 def result_key(client_id: str, command_id: str, reason: str | None) -> bytes:
@@ -82,7 +81,7 @@ def result_key(client_id: str, command_id: str, reason: str | None) -> bytes:
     under their own key (…/command_id#id_conflict, …#not_authenticated): a reader that keeps the latest
     result per key (compaction, a table) keeps the command's decision, never the refusal of an impostor."""
     key = f"{client_id}/{command_id}"
-    return (key + "#" + reason if reason in _IMPOSTOR_REASONS else key).encode()
+    return (key + "#" + reason if reason in NOT_A_DECISION else key).encode()
 
 
 def _inbox_key(client_id: str, command_id: str) -> bytes:

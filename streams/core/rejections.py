@@ -113,3 +113,9 @@ class Rejection(enum.IntEnum):
             return cls[code.upper()]
         except KeyError:
             raise ValueError(f"unknown rejection code {code!r}") from None
+
+
+# Answers to a record that is not the command's own: another payload sent under a used id, or a record its
+# named client did not sign. Each is published under its own result key; no reader takes it for the command's
+# decision (projections/verify.py, the read store), or it would let an impostor shadow or replace the decision.
+NOT_A_DECISION = frozenset({Rejection.ID_CONFLICT.code, Rejection.NOT_AUTHENTICATED.code})

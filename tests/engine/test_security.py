@@ -82,7 +82,14 @@ def test_only_signed_commands_within_the_policy_move_money(secured):
         guessed.flush()
         wallet.open_account(CAROL, "USD", command_id="open-vip")  # outside open = ["user:*"]
         wallet.post("fees", [Leg("sys:fees:USD", -5), Leg(ALICE, 5)])  # outside debit
-        answers = wallet.wait(["unsigned", "guessed", "forged", "open-vip", "fees"])
+        # A signing client never takes a not_authenticated answer as its own (someone else wrote it): the
+        # impostor's "race" is refused first, the wallet's own "race" is then decided and is its answer.
+        unsigned.post("race", theft)
+        unsigned.flush()
+        wallet.open_account("user:erin:USD", "USD", command_id="race")
+        answers = wallet.wait(["open-vip", "fees", "race"])
+        # The refusals of what others wrote as "wallet" are seen by a reader that does not sign.
+        answers.update(unsigned.wait(["unsigned", "guessed", "forged"]))
     finally:
         for client in (unsigned, guessed, reader):
             client.close()
@@ -93,6 +100,7 @@ def test_only_signed_commands_within_the_policy_move_money(secured):
         "forged": ("rejected", "not_authenticated", "client_mismatch"),
         "open-vip": ("rejected", "not_permitted", "policy 'wallet' rule open allows user"),
         "fees": ("rejected", "not_permitted", "policy 'wallet' rule debit allows user"),
+        "race": ("accepted", None, ""),
     }
     assert balances(settings) == BEFORE
     # A business-event rule's commands run under the client that submits them: a signing client refuses a
@@ -111,6 +119,20 @@ def test_only_signed_commands_within_the_policy_move_money(secured):
 
 def test_the_read_api_answers_a_token_only_for_the_accounts_it_may_read(secured):
     settings, _, wallet, home = secured
+    # Refusals of records someone else wrote as the wallet, before and after its own decision under the same
+    # id: the read store keeps the decision (they are answers, never decisions).
+    impostor = LedgerClient(settings, "wallet")
+    try:
+        impostor.post("race2", [Leg(ALICE, -500), Leg("user:mallory:USD", 500)])
+        impostor.flush()
+        assert wallet.result(wallet.post("race2", [Leg(ALICE, -1), Leg(BOB, 1)]))["outcome"] == "accepted"
+        impostor.post("race2", [Leg(ALICE, -500), Leg("user:mallory:USD", 500)])
+        impostor.flush()
+    finally:
+        impostor.close()
+    # Decided after the impostor's second record (same partition, sent later): the store will have seen it.
+    assert wallet.result(wallet.account_command("FreezeAccount", ALICE, command_id="fence"))["reason"] == \
+        "not_permitted"
     target = str(home / "read.db")
     catch_up(settings, target)
     tokens = ApiTokens.from_mapping({"tokens": {
@@ -133,6 +155,8 @@ def test_the_read_api_answers_a_token_only_for_the_accounts_it_may_read(secured)
             "posted"]["minor"] == str(balances(settings)[ALICE][0])
         assert get(f"/accounts/{ALICE}/history", "alice-token") == (200, None)
         assert get(f"/accounts/{BOB}", "ops-token") == (200, None)
+        race = api.get("/commands/wallet/race2", headers={"Authorization": "Bearer ops-token"}).json()
+        assert (race["outcome"], race["reason"]) == ("accepted", None)
         assert api.get("/metrics", headers={"Authorization": "Bearer ops-token"}).status_code == 200
         assert get("/healthz") == (200, None)  # no ledger data: open
         # The dashboard's login link sets the cookie its page's later requests (and its EventSource) carry.
