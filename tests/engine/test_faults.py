@@ -246,16 +246,17 @@ def test_a_paused_worker_that_wakes_up_after_losing_its_partitions_does_no_harm(
     survivor_mark = survivor.log_size()
     before = changelog_ends(settings)  # the zombie's changelog records of the held batch are not among them
 
-    # The survivor gets the held partitions and writes their changelog (redoing the held batch first).
+    # The survivor gets the held partitions: its restore fences the zombie (init_transactions) and writes to
+    # their changelog (the aborted record that finds the log's end), then it redoes the held batch.
     deadline = time.monotonic() + 120
     while True:
+        restored = {p for p, _ in survivor.restores(since=survivor_mark)}
         ends = changelog_ends(settings)
-        if all(ends[p] > before[p] for p in held):
+        if set(held) <= restored and all(ends[p] > before[p] for p in held):
             break
-        assert time.monotonic() < deadline, f"the survivor never wrote partitions {held}: {before} -> {ends}"
+        assert time.monotonic() < deadline, \
+            f"the survivor restored {sorted(restored)}, not all of {held}: changelog ends {before} -> {ends}"
         time.sleep(0.5)
-    restored = {p for p, _ in survivor.restores(since=survivor_mark)}
-    assert set(held) <= restored, f"the survivor restored {sorted(restored)}, not all of {held}"
 
     zombie.resume()  # it wakes up in step 3 of a batch whose partitions are the survivor's now
     zombie.wait_log("pause point after_outputs: resumed", 30)
