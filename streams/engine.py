@@ -220,6 +220,7 @@ class Engine:
         # client id -> its own results topic, for the clients that have one (refresh_client_results).
         self.client_results: dict[str, str] = {}
         self._metadata = None  # an AdminClient, made at the first periodic refresh
+        self._client_results_generation = -1  # the rebalance generation client_results was learnt in
         self.restored_records = 0
         self.skipped_records = 0
         self.snapshot_loads = 0
@@ -400,7 +401,9 @@ class Engine:
         })
         topic = self._topics["changelog"]
         try:
-            self.refresh_client_results(consumer)
+            if self._client_results_generation != self._generation:  # once per rebalance, not per partition
+                self.refresh_client_results(consumer)
+                self._client_results_generation = self._generation
             # The changelog's true end. Right after a broker restart a partition's high watermark can lag its
             # log (it is recovered from a periodic checkpoint and moves on only with the next write), and a
             # restore that stopped there would miss committed transactions: their commands would be decided a
