@@ -120,7 +120,15 @@ class Projector:
         self._last_end_check = now
         self._ends = self.end_offsets()
         self.progress.lag = self.lag(self._ends)
-        self.store.record_end_offsets(self._ends, int(time.time() * 1000))
+        self.store.record_end_offsets(self._caught_up_ends(self._ends), int(time.time() * 1000))
+
+    def _caught_up_ends(self, ends: dict[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
+        """The end offsets to record for the lag readers show. A partition whose consumer has reached its end
+        has nothing left to apply: only transaction markers (every transaction writes one into each partition
+        it touched) or aborted records lie past its last applied record, so it is recorded as not behind."""
+        pos = self.positions()
+        return {key: min(end, self._next.get(key, end)) if pos.get(key, 0) >= end else end
+                for key, end in ends.items()}
 
     # --- the loop step ------------------------------------------------------------------------------------
     def step(self, timeout_s: float = 0.2) -> int:
