@@ -634,11 +634,22 @@ def rates_publish(
     """Record a rate snapshot in every partition; exit 0 once each has it (accepted or rate_exists)."""
     import time
 
+    valid_until_ms = int(time.time() * 1000) + valid_for_s * 1000
+    ids, refused = _to_every_partition(
+        client_id, timeout_s, "rate_exists",
+        lambda client: client.record_rate(snapshot_id, base, quote, rate, valid_until_ms))
+    typer.echo(f"{snapshot_id} {base}/{quote} {rate}: recorded in {len(ids) - refused} of {len(ids)} partitions")
+    raise typer.Exit(1 if refused else 0)
+
+
+def _to_every_partition(client_id: str, timeout_s: float, already: str, send) -> tuple[list[str], int]:
+    """Send a command that goes once to every partition (send(client) -> its ids), wait for each, print every
+    refusal but `already` (the partition knew it: the same command sent before); (ids, refusals)."""
     from connectors.client import LedgerClient, ResultTimeout
 
     client = LedgerClient(config.load(), client_id)
     try:
-        ids = client.record_rate(snapshot_id, base, quote, rate, int(time.time() * 1000) + valid_for_s * 1000)
+        ids = send(client)
         results = client.wait(ids, timeout_s)
     except ResultTimeout as exc:
         typer.echo(f"no result within {timeout_s}s for {exc.missing}; sending it again is safe", err=True)
@@ -646,11 +657,10 @@ def rates_publish(
     finally:
         client.close()
     refused = {i: f"{r['reason']}: {r['detail']}" for i, r in results.items()
-               if r["outcome"] != "accepted" and r["reason"] != "rate_exists"}
+               if r["outcome"] != "accepted" and r["reason"] != already}
     for command_id, why in refused.items():
         typer.echo(f"{command_id}: rejected {why}", err=True)
-    typer.echo(f"{snapshot_id} {base}/{quote} {rate}: recorded in {len(ids) - len(refused)} of {len(ids)} partitions")
-    raise typer.Exit(1 if refused else 0)
+    return ids, len(refused)
 
 
 @currency_app.command("register")
@@ -661,22 +671,9 @@ def currency_register(
     timeout_s: float = typer.Option(60.0, "--timeout", help="Seconds to wait for every partition."),
 ) -> None:
     """Register a currency in every partition (one command per partition); exit 0 once each knows it."""
-    from connectors.client import LedgerClient, ResultTimeout
-
-    client = LedgerClient(config.load(), client_id)
-    try:
-        ids = client.register_currency(code, scale)
-        results = client.wait(ids, timeout_s)
-    except ResultTimeout as exc:
-        typer.echo(f"no result within {timeout_s}s for {exc.missing}; sending it again is safe", err=True)
-        raise typer.Exit(3)
-    finally:
-        client.close()
-    refused = {i: f"{r['reason']}: {r['detail']}" for i, r in results.items()
-               if r["outcome"] != "accepted" and r["reason"] != "currency_exists"}
-    for command_id, why in refused.items():
-        typer.echo(f"{command_id}: rejected {why}", err=True)
-    typer.echo(f"{code} (scale {scale}): known to {len(ids) - len(refused)} of {len(ids)} partitions")
+    ids, refused = _to_every_partition(client_id, timeout_s, "currency_exists",
+                                       lambda client: client.register_currency(code, scale))
+    typer.echo(f"{code} (scale {scale}): known to {len(ids) - refused} of {len(ids)} partitions")
     raise typer.Exit(1 if refused else 0)
 
 
