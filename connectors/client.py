@@ -80,6 +80,17 @@ class ResultTimeout(TimeoutError):
         self.missing = missing
 
 
+class CommandsNotDelivered(ConnectionError):
+    """The cluster refused or never acknowledged the records of these commands (a record timestamp too far
+    ahead, a record too large, the delivery timeout): they are not on the log and will get no result.
+    Sending them again with the same ids is safe."""
+
+    def __init__(self, failures: dict[str, str]):
+        shown = "; ".join(f"{command_id}: {why}" for command_id, why in list(failures.items())[:5])
+        super().__init__(f"{len(failures)} command(s) not delivered: {shown}")
+        self.failures = failures
+
+
 @dataclass
 class LedgerClient:
     settings: Settings
@@ -96,12 +107,15 @@ class LedgerClient:
     _pending: dict[int, list[tuple[bytes, bytes]]] | None = field(init=False, default=None)
     _pending_bytes: dict[int, int] = field(init=False, default_factory=dict)
     _batch_max: int = field(init=False, default=0)
+    # Commands whose records the cluster did not take, with why: raised by the next flush() or wait().
+    _undelivered: dict[str, str] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._codec = codec()
         self._signer = Signer.for_client(self.client_id, self.key)
         self._producer = Producer({**self.settings.kafka_config(), "enable.idempotence": True, "acks": "all",
-                                   "linger.ms": 2})
+                                   "linger.ms": 2, "on_delivery": self._delivered,
+                                   "delivery.report.only.error": True})
         self._consumer = Consumer({**self.settings.kafka_config(), "group.id": f"client-{uuid.uuid4()}",
                                    "enable.auto.commit": False, "isolation.level": "read_committed"})
         # Fail fast: without a cluster that answers, give up within the connect timeout (BrokerUnreachable).
@@ -250,9 +264,29 @@ class LedgerClient:
         self._producer.poll(0)
 
     def flush(self) -> None:
-        """Send everything sent so far (including batches being filled) and wait for the broker's acks."""
+        """Send everything sent so far (including batches being filled) and wait for the broker's acks.
+        Raises CommandsNotDelivered for the commands whose records the cluster did not take."""
         self.send_pending()
         self._producer.flush(30)
+        if self._undelivered:
+            failures, self._undelivered = self._undelivered, {}
+            raise CommandsNotDelivered(failures)
+
+    def _delivered(self, err, msg) -> None:
+        """librdkafka's report of a record it could not deliver (only errors are reported): name its commands."""
+        if err is None:
+            return
+        value = msg.value() or b""
+        try:
+            ids = [self._codec.decode("command", value)["command_id"]]
+        except DecodeError:
+            try:
+                ids = [self._codec.decode("command", item)["command_id"]
+                       for item in self._codec.decode("command_batch", value)["commands"]]
+            except DecodeError:
+                ids = [f"<record for partition {msg.partition()}>"]
+        for command_id in ids:
+            self._undelivered[command_id] = err.str()
 
     def open_account(self, account_id: str, currency: str, *, command_id: str | None = None,
                      allow_negative: bool = False, overdraft_limit: int = 0, max_balance: int | None = None,

@@ -124,3 +124,23 @@ def test_tail_skips_what_it_cannot_read(settings, start_worker):
     assert err.count("skipped an unreadable record") == settings.partitions, err
     assert "Traceback" not in err
     client.close()
+
+
+def test_a_command_the_cluster_refuses_is_named_not_dropped(settings):
+    """A record the broker will not take (here: timestamped two hours ahead, past the broker's
+    log.message.timestamp.after.max.ms) never reaches the log; the sender is told which command and why instead
+    of waiting out a timeout for a result that cannot come."""
+    from connectors.client import CommandsNotDelivered
+
+    client = LedgerClient(settings, "far-ahead")
+    record = {"command_id": "open:late", "client_id": "far-ahead", "body": ("ledger.OpenAccount", {
+        "account_id": "user:late:USD", "currency": "USD", "allow_negative": False, "overdraft_limit": "0",
+        "max_balance": None, "routing_key": None})}
+    client.send_dated(record, "user:late:USD", int(time.time() * 1000) + 2 * 3600 * 1000)
+    with pytest.raises(CommandsNotDelivered) as refused:
+        client.wait(["open:late"], 60)
+    assert list(refused.value.failures) == ["open:late"], refused.value.failures
+    assert "timestamp" in refused.value.failures["open:late"].lower(), refused.value.failures
+    client.open_account("user:ok:USD", "USD")  # the client goes on: the next command is sent and answered
+    client.flush()
+    client.close()
