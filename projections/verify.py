@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from projections.fold import Balance, fold_holds, fold_journal, journals as journals_of, remaining, walk
 from projections.topics import SCHEMA_OF_TOPIC, TopicRecord, latest_per_account, read_topic
@@ -142,12 +142,21 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
     partitions = [TopicPartition(topic, p) for p in range(settings.partitions)]
     deadline = time.monotonic() + timeout_s
     previous = None
+    state: tuple = ("unknown", "unknown")
     try:
         while time.monotonic() < deadline:
-            ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
-            covered = _covered(settings)
-            committed = [max(tp.offset, 0, covered.get(tp.partition, 0))
-                         for tp in consumer.committed(partitions, timeout=10)]
+            try:
+                ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
+                covered = _covered(settings)
+                committed = [max(tp.offset, 0, covered.get(tp.partition, 0))
+                             for tp in consumer.committed(partitions, timeout=10)]
+            except KafkaException as exc:
+                if not exc.args[0].retriable():
+                    raise
+                # Leadership or the group coordinator still moving (after a broker fault): look again.
+                previous = None
+                time.sleep(settle_s)
+                continue
             # Below the end but with nothing to read there: only transaction markers (or aborted records)
             # are left, which take offsets and are no commands.
             lagging = {p: c for p, (c, end) in enumerate(zip(committed, ends)) if c < end}
