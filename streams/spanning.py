@@ -456,7 +456,8 @@ class Spanning:
     def wait(self, command: core.Command, offset: int) -> None:
         """Queue the command; it is decided, at its own log time, once what it waits for is decided."""
         proc = self.proc
-        wait_id = f"{command.client_id}/{command.command_id}~wait~{proc.position}"
+        # The partition too: a command placed in several partitions (P10) may wait in each at the same offset.
+        wait_id = f"{command.client_id}/{command.command_id}~wait~{proc.partition}:{proc.position}"
         if self.state.change_record(ENGINE_CLIENT, wait_id) is not None:
             return  # this very record redone after a crash: it waits already
         queue = self.state.record(WAITING) or []
@@ -496,7 +497,7 @@ class Spanning:
             proc.judge(command, offset, woken=True)
             queue = state.record(WAITING) or []
             rest = [e for e in queue if e is not queue[i]] if i < len(queue) else queue
-            woke_id = f"{command.client_id}/{command.command_id}~woke~{proc.position}"
+            woke_id = f"{command.client_id}/{command.command_id}~woke~{proc.partition}:{proc.position}"
             if state.change_record(ENGINE_CLIENT, woke_id) is None:
                 proc.commit_change(ENGINE_CLIENT, woke_id, "", offset, _accepted(woke_id, command.at_ms),
                                    records=[(WAITING, rest or None)])
