@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, NamedTuple
 
 from streams import routing
+from streams.core.fx import fx_account  # the FX desk: the core checks a conversion's amounts there
 from streams.core.settlement import CAPTURE_KEY, EXACT, EXTERNAL, PARTIAL, SETTLEMENT_KEY
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, Currency, CurrencyRegistry, parse_amount
 from streams.core.rejections import Rejection
@@ -324,10 +325,6 @@ def _market(ctx: Context, base: Currency, quote: Currency) -> Any:
 
 def liquidity_account(currency: str) -> str:
     return f"sys:liquidity:{currency}"
-
-
-def fx_account(currency: str) -> str:
-    return f"sys:fx:{currency}"
 
 
 def order_hold(order_id: str) -> str:

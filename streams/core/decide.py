@@ -13,7 +13,6 @@ Decision path, for every command:
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from streams.core.apply import apply
 from streams.core.commands import (
@@ -43,6 +42,7 @@ from streams.core.events import (
     TransactionPosted,
     TransactionReversed,
 )
+from streams.core.fx import judge_conversion, valid_rate
 from streams.core.invariants import assert_changes_balanced
 from streams.core.model import SYSTEM_POLICY, Account, AccountStatus, HoldStatus, Leg, RateSnapshot, routing_key_for
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, MAX_SCALE, CurrencyRegistry, valid_code
@@ -246,6 +246,7 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
         return min(failures)
 
     # Stage 2b: the FX rate snapshot it names was recorded here, is fresh and is for its currencies (fail closed).
+    snapshot = None
     if check_rate and c.rate_snapshot_id is not None:
         snapshot = state.rate(c.rate_snapshot_id)
         if snapshot is None:
@@ -277,6 +278,14 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
             failures.append((Rejection.UNBALANCED, f"legs in {currency} sum to {total}"))
     if failures:
         return min(failures)
+
+    # Stage 3b: a conversion's amounts follow the rate of the snapshot it names (streams/core/fx.py).
+    if snapshot is not None:
+        scales = {code: currencies.get(code).scale for code in (snapshot.base, snapshot.quote)}
+        off = judge_conversion(snapshot, scales, [(leg.account_id, accounts[leg.account_id].currency, leg.amount)
+                                                  for leg in legs])
+        if off is not None:
+            return off
 
     # Stage 4: holds, funds, limits and account status; the lowest reason wins.
     at_ms = c.at_ms
@@ -502,9 +511,6 @@ def _judge_register(state: StateReader, c: RegisterCurrency, currencies: Currenc
     return (CurrencyRegistered(currency=c.currency, scale=c.scale, at_ms=c.at_ms),)
 
 
-_RATE = re.compile(r"[0-9]+(\.[0-9]+)?", re.ASCII)
-
-
 def _judge_record_rate(state: StateReader, c: RecordRate, currencies: CurrencyRegistry) -> _Judgement:
     """A snapshot of a known pair with a positive exact rate that expires after it is recorded; the same id
     again is a no-op answered rate_exists (with other content too: a snapshot never changes)."""
@@ -512,7 +518,7 @@ def _judge_record_rate(state: StateReader, c: RecordRate, currencies: CurrencyRe
         return (_INVALID, "snapshot_id is empty")
     if c.base == c.quote:
         return (_INVALID, "a rate needs two currencies")
-    if _RATE.fullmatch(c.rate) is None or not c.rate.strip("0."):
+    if not valid_rate(c.rate):
         return (Rejection.INVALID_AMOUNT, f"rate {c.rate[:40]!r} is not a positive decimal string")
     if c.expires_at_ms <= c.at_ms:
         return (_INVALID, f"expires_at_ms {c.expires_at_ms} is not after at_ms {c.at_ms}")

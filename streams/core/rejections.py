@@ -100,6 +100,10 @@ class Rejection(enum.IntEnum):
     RATE_MISMATCH = 34
     # RecordRate for a snapshot id already recorded with other content: a snapshot never changes.
     RATE_EXISTS = 35
+    # A conversion's amounts disagree with the rate of the snapshot it names, by a whole minor unit or more, or
+    # it moves nothing through the FX desk in both currencies (streams/core/fx.py). Judged after unbalanced,
+    # before funds: an amount off the rate is a wrong command whatever the balances.
+    AMOUNT_OFF_RATE = 36
 
     @property
     def code(self) -> str:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from fractions import Fraction
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streams.core import (
     BalanceView,
@@ -18,6 +22,8 @@ from streams.core import (
     execute,
     reversal_of,
 )
+from streams.core.fx import judge_conversion
+from streams.core.model import RateSnapshot
 
 from .ledger_dsl import run
 
@@ -276,14 +282,14 @@ tx t2 buyer:USDT=-30000 buyer:USDT=10000.000001 seller:USDT=19999.999999 | insuf
 def test_fx_in_one_transaction_with_rate_snapshot() -> None:
     ledger = run("""
 open world:USD USD neg   | ok
-open fx:USD USD neg      | ok
-open fx:EUR EUR neg      | ok
+open sys:fx:USD USD neg      | ok
+open sys:fx:EUR EUR neg      | ok
 open u:USD USD           | ok
 open u:EUR EUR           | ok
 transfer d1 world:USD->u:USD 100.00 kind=deposit                          | ok
 rate snap-7 USD EUR 0.925 expires=100000                                   | ok
-tx fx1 u:USD=-100.00 fx:USD=100.00 fx:EUR=-92.50 u:EUR=92.50 kind=fx rate=snap-7 | ok | u:USD=0 u:EUR=92.50
-tx fx2 u:EUR=-1.00 fx:USD=1.00 kind=fx                                      | unbalanced
+tx fx1 u:USD=-100.00 sys:fx:USD=100.00 sys:fx:EUR=-92.50 u:EUR=92.50 kind=fx rate=snap-7 | ok | u:USD=0 u:EUR=92.50
+tx fx2 u:EUR=-1.00 sys:fx:USD=1.00 kind=fx                                      | unbalanced
 """)
     posted = ledger.results[7].events[0]
     assert isinstance(posted, TransactionPosted) and posted.rate_snapshot_id == "snap-7"
@@ -518,8 +524,8 @@ register XAG 3 id=r-xag            | ok dup
 
 FX = """
 open world:USD USD neg   | ok
-open fx:USD USD neg      | ok
-open fx:EUR EUR neg      | ok
+open sys:fx:USD USD neg      | ok
+open sys:fx:EUR EUR neg      | ok
 open u:USD USD           | ok
 open u:EUR EUR           | ok
 transfer d1 world:USD->u:USD 100.00 kind=deposit | ok
@@ -528,7 +534,7 @@ transfer d1 world:USD->u:USD 100.00 kind=deposit | ok
 
 def test_a_conversion_fails_closed_on_an_unknown_stale_or_foreign_rate_snapshot() -> None:
     ledger = run(FX + """
-tx x1 u:USD=-10.00 fx:USD=10.00 fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-1          | unknown_rate  | u:USD=100.00
+tx x1 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-1          | unknown_rate  | u:USD=100.00
 rate snap-1 USD EUR 0.925 expires=20000 id=rate-1                                      | ok
 rate snap-1 USD EUR 0.93 expires=20000                                                 | rate_exists
 rate snap-2 USD XYZ 1 expires=20000                                                    | unknown_currency
@@ -536,11 +542,11 @@ rate snap-3 USD EUR 0 expires=20000                                             
 rate snap-4 USD EUR 1e3 expires=20000                                                  | invalid_amount
 rate snap-5 USD EUR 1.1 expires=5                                                      | invalid_command
 rate snap-6 USD JPY 150.25 expires=20000                                               | ok
-tx x2 u:USD=-10.00 fx:USD=10.00 fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-1          | ok            | u:USD=90.00 u:EUR=9.25
-tx x3 u:USD=-10.00 fx:USD=10.00 fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-6          | rate_mismatch | u:USD=90.00
+tx x2 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-1          | ok            | u:USD=90.00 u:EUR=9.25
+tx x3 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-6          | rate_mismatch | u:USD=90.00
 # log time 20,000 and later: snap-1 is stale, for transfers naming it too (the fast path cannot skip it)
-tx x4 u:USD=-10.00 fx:USD=10.00 fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-1 at=20000 | stale_rate    | u:USD=90.00
-transfer x5 u:USD->fx:USD 1.00 rate=snap-1 at=20001                                    | stale_rate
+tx x4 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=snap-1 at=20000 | stale_rate    | u:USD=90.00
+transfer x5 u:USD->sys:fx:USD 1.00 rate=snap-1 at=20001                                    | stale_rate
 # a reversal carries its original's snapshot and is not refused for its age
 reverse r2 x2 u:USD at=50000                                                           | ok            | u:USD=100.00 u:EUR=0
 """)
@@ -548,3 +554,64 @@ reverse r2 x2 u:USD at=50000                                                    
     assert (snapshot.base, snapshot.quote, snapshot.rate, snapshot.expires_at_ms) == ("USD", "EUR", "0.925", 20000)
     reversal = ledger.results[-1].events[0]
     assert reversal.rate_snapshot_id == "snap-1" and reversal.links == ("x2",)
+
+
+def test_a_conversion_follows_the_rate_of_its_snapshot_within_one_minor_unit() -> None:
+    """What the FX desk (sys:fx:<CUR>) pays out is what it took times the rate (or divided by it, the snapshot
+    read the other way), rounded either way to a whole minor unit; a minor unit further is amount_off_rate."""
+    run(FX + """
+open sys:fx:JPY JPY neg | ok
+open u:JPY JPY          | ok
+open sys:fees:USD USD neg | ok
+open v:USD USD          | ok
+open v:EUR EUR neg      | ok
+rate s1 USD EUR 0.925 | ok
+rate s2 USD JPY 150.25 | ok
+# exact: 10.00 USD x 0.925 = 9.25 EUR, nothing else
+tx a1 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.24 u:EUR=9.24 kind=fx rate=s1 | amount_off_rate | u:USD=100.00
+tx a2 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.26 u:EUR=9.26 kind=fx rate=s1 | amount_off_rate | u:USD=100.00
+tx a3 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=s1 | ok              | u:USD=90.00 u:EUR=9.25
+# 10.00 USD x 150.25 = 1502.5 JPY: 1502 (down) or 1503 (up)
+tx b1 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:JPY=-1501 u:JPY=1501 kind=fx rate=s2 | amount_off_rate | u:USD=90.00
+tx b2 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:JPY=-1504 u:JPY=1504 kind=fx rate=s2 | amount_off_rate | u:USD=90.00
+tx b3 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:JPY=-1502 u:JPY=1502 kind=fx rate=s2 | ok              | u:USD=80.00 u:JPY=1502
+tx b4 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:JPY=-1503 u:JPY=1503 kind=fx rate=s2 | ok              | u:USD=70.00 u:JPY=3005
+# the other way with the same snapshot: 1503 JPY / 150.25 = 10.0033 USD: 10.00 or 10.01
+tx c1 u:JPY=-1503 sys:fx:JPY=1503 sys:fx:USD=-10.02 u:USD=10.02 kind=fx rate=s2 | amount_off_rate | u:USD=70.00
+tx c2 u:JPY=-1503 sys:fx:JPY=1503 sys:fx:USD=-10.01 u:USD=10.01 kind=fx rate=s2 | ok              | u:USD=80.01 u:JPY=1502
+# a fee outside the desk is not part of the conversion
+tx d1 u:USD=-10.10 sys:fx:USD=10.00 sys:fees:USD=0.10 sys:fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=s1 | ok | u:USD=69.91 sys:fees:USD=0.10
+# a swap between two customers naming a snapshot moves nothing through the desk: it fails closed
+tx e1 u:USD=-10.00 v:USD=10.00 v:EUR=-9.25 u:EUR=9.25 kind=fx rate=s1               | amount_off_rate | u:USD=69.91
+# the desk taking in both currencies is no conversion either
+tx e3 u:USD=-1.00 sys:fx:USD=1.00 u:EUR=-0.92 sys:fx:EUR=0.92 kind=fx rate=s1         | amount_off_rate | u:USD=69.91
+# precedence: unbalanced before the rate, the rate before funds
+tx f1 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.00 u:EUR=9.25 kind=fx rate=s1       | unbalanced
+tx f2 u:USD=-900.00 sys:fx:USD=900.00 sys:fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=s1     | amount_off_rate
+tx f3 u:USD=-900.00 sys:fx:USD=900.00 sys:fx:EUR=-832.50 u:EUR=832.50 kind=fx rate=s1 | insufficient_funds
+# a reversal mirrors its original's legs: the desk pays back what it took, and it is not judged again
+reverse r1 c2 u:JPY | ok | u:USD=59.90 u:JPY=3005
+""")
+
+
+@given(taken=st.integers(1, 10**30), num=st.integers(1, 10**12), digits=st.integers(0, 12),
+       base_scale=st.integers(0, 18), quote_scale=st.integers(0, 18), delta=st.integers(-2, 2),
+       forward=st.booleans())
+def test_the_conversion_check_is_floor_or_ceil_of_the_exact_rational(taken, num, digits, base_scale, quote_scale,
+                                                                     delta, forward) -> None:
+    """judge_conversion against Fraction (allowed in tests, never in the core)."""
+    whole, fraction = divmod(num, 10**digits)
+    rate = f"{whole}.{fraction:0{digits}d}" if digits else str(num)
+    exact = Fraction(taken * num * 10**quote_scale, 10**digits * 10**base_scale) if forward else \
+        Fraction(taken * 10**digits * 10**base_scale, num * 10**quote_scale)
+    paid = (math.floor(exact) if delta <= 0 else math.ceil(exact)) + delta
+    snapshot = RateSnapshot("s", "B", "Q", rate, 0, 1)
+    legs = [("sys:fx:B@1", taken, "B"), ("sys:fx:Q@1", -paid, "Q")] if forward else \
+        [("sys:fx:Q", taken, "Q"), ("sys:fx:B", -paid, "B")]
+    judged = judge_conversion(snapshot, {"B": base_scale, "Q": quote_scale},
+                              [(account, currency, amount) for account, amount, currency in legs])
+    follows = paid > 0 and math.floor(exact) <= paid <= math.ceil(exact)
+    if paid <= 0:
+        assert judged is not None
+    else:
+        assert (judged is None) == follows, (judged, exact, paid)
