@@ -64,9 +64,10 @@ class Prediction:
     outcome: str  # "accepted" or the rejection code
 
 
-def parse_import(lines: list[str], client_id: str) -> tuple[list[ImportLine], list[tuple[int, str]]]:
+def parse_import(lines: list[str], client_id: str, currencies: core.CurrencyRegistry = core.DEFAULT_CURRENCIES,
+                 ) -> tuple[list[ImportLine], list[tuple[int, str]]]:
     """Every good line as a dated command, every bad one with its error. A post's business time defaults to
-    its at_ms. Lines out of time order are errors."""
+    its at_ms. Lines out of time order are errors. currencies: what amounts are parsed against."""
     good, bad = [], []
     last = None
     for number, text in enumerate(lines, start=1):
@@ -82,7 +83,7 @@ def parse_import(lines: list[str], client_id: str) -> tuple[list[ImportLine], li
             if obj.get("type") == "post" and "occurred_at_ms" not in obj:
                 text = json.dumps({**obj, "occurred_at_ms": at_ms})
             recorder = _Recorder(client_id)
-            parse_line(number, text).send(recorder)
+            parse_line(number, text, currencies).send(recorder)
         except json.JSONDecodeError as exc:
             bad.append((number, f"not JSON: {exc.msg} at column {exc.colno}"))
             continue

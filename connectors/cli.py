@@ -50,6 +50,39 @@ rates_app = typer.Typer(help="FX rate snapshots recorded in the ledger (a rates 
 app.add_typer(rates_app, name="rates")
 API_URL = typer.Option("http://127.0.0.1:8080", "--api", envvar="LEDGER_API_URL", help="The read API.")
 AS_JSON = typer.Option(False, "--json", help="Print the API's JSON.")
+CURRENCIES = typer.Option([], "--currency", help="CODE:SCALE of a currency registered at runtime whose decimal "
+                          "amounts the file uses (repeatable); every partition confirms the scale before a line "
+                          "is sent, and one that knows it with another scale stops the command.")
+
+
+def _declared(values: list[str]):
+    """The --currency declarations and the registry the file is parsed against (exit 2 when malformed)."""
+    from connectors.currencies import CurrencyDeclarationError, parse_declarations, registry_with
+
+    try:
+        declared = parse_declarations(values)
+    except CurrencyDeclarationError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    return declared, registry_with(declared)
+
+
+def _confirm_scales(client, declared: dict[str, int], timeout_s: float) -> None:
+    """Every partition confirms the declared scales before anything else is sent (exit 1 when one does not)."""
+    from connectors.client import ResultTimeout
+    from connectors.currencies import confirm
+
+    try:
+        refusals = confirm(client, declared, timeout_s)
+    except ResultTimeout as exc:
+        typer.echo(f"nothing sent: no confirmation of the declared scales within {timeout_s}s from {exc.missing}",
+                   err=True)
+        raise typer.Exit(3)
+    for refusal in refusals:
+        typer.echo(f"error: {refusal}", err=True)
+    if refusals:
+        typer.echo("nothing sent: the declared scale is not the registered one", err=True)
+        raise typer.Exit(1)
 
 
 def _get(api: str, path: str) -> dict:
@@ -321,6 +354,7 @@ def submit(
                                   help="Scopes the command ids; signs as this client with LEDGER_CLIENT_KEY."),
     timeout_s: float = typer.Option(60.0, "--timeout", help="Seconds to wait for all results."),
     as_json: bool = typer.Option(False, "--json", help="One JSON result per line instead of a summary."),
+    currency: list[str] = CURRENCIES,
 ) -> None:
     """Send the commands of a JSON Lines file and wait for their results.
 
@@ -334,8 +368,9 @@ def submit(
     from connectors.client import LedgerClient, ResultTimeout
     from connectors.jsonl import parse_file
 
+    declared, registry = _declared(currency)
     lines = (sys.stdin if path == "-" else open(path, encoding="utf-8")).read().splitlines()
-    good, bad = parse_file(lines)
+    good, bad = parse_file(lines, registry)
     for number, error in bad:
         typer.echo(f"line {number}: {error}", err=True)
     sent: list[tuple[int, str]] = []
@@ -343,6 +378,7 @@ def submit(
     try:
         client = LedgerClient(config.load(), client_id)
         try:
+            _confirm_scales(client, declared, timeout_s)
             with client.batch():  # a file is sent at once: one record per partition and 500 commands
                 for parsed in good:
                     sent.append((parsed.line, parsed.send(client)))
@@ -583,6 +619,7 @@ def import_file(
     force: bool = typer.Option(False, "--force", help="Send even when the check predicts rejections."),
     client_id: str = CLIENT_ID,
     timeout_s: float = typer.Option(120.0, "--timeout", help="Seconds to wait for all results."),
+    currency: list[str] = CURRENCIES,
 ) -> None:
     """Backfill history with its original timestamps: check the whole file first (the pure core on an empty
     ledger predicts each line), then send each command dated at_ms. Exit 0 when every line is accepted."""
@@ -592,10 +629,11 @@ def import_file(
     from connectors.backfill import check, parse_import
 
     text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
-    lines, bad = parse_import(text.splitlines(), client_id)
+    declared, registry = _declared(currency)
+    lines, bad = parse_import(text.splitlines(), client_id, registry)
     for number, error in bad:
         typer.echo(f"line {number}: {error}", err=True)
-    predicted = check(lines)
+    predicted = check(lines, registry)
     refused = [p for p in predicted if p.outcome != "accepted"]
     for p in refused:
         typer.echo(f"line {p.number}: {p.command_id} would be rejected {p.outcome}", err=True)
@@ -608,6 +646,7 @@ def import_file(
 
     client = LedgerClient(config.load(), client_id)
     try:
+        _confirm_scales(client, declared, timeout_s)
         for line in lines:
             client.send_dated(line.record, line.routing_account, line.at_ms)
         results = client.wait([line.command_id for line in lines], timeout_s)

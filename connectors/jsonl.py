@@ -11,7 +11,8 @@
     {"type": "reverse", "id": "rev-1", "transaction": "dep-1", "account": "user:1:USD"}
 
 Amounts are in major units with at most the currency's scale ("10.00" USD, "0.5" BTC), converted exactly;
-more digits than the scale is an error, never a rounding. A leg's currency is its "currency" field or the
+more digits than the scale is an error, never a rounding. A currency registered at runtime is parsed with
+the scale declared by `--currency CODE:SCALE`, which every partition confirms first (connectors/currencies.py). A leg's currency is its "currency" field or the
 last segment of its account id. Optional on every line: "id" (the command id).
 
 Without an "id", a line's command id is derived from its type, its target, its line number and a digest of
@@ -150,14 +151,17 @@ def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CU
                     f"reverse")
 
 
-def parse_file(lines: list[str]) -> tuple[list[Parsed], list[tuple[int, str]]]:
-    """Every good line as a command to send, every bad line with its error; blank lines are skipped."""
+def parse_file(lines: list[str], currencies: CurrencyRegistry = DEFAULT_CURRENCIES,
+               ) -> tuple[list[Parsed], list[tuple[int, str]]]:
+    """Every good line as a command to send, every bad line with its error; blank lines are skipped.
+    currencies: what amounts are parsed against (the built-in ones and those declared with --currency,
+    connectors/currencies.py)."""
     good, bad = [], []
     for number, text in enumerate(lines, start=1):
         if not text.strip():
             continue
         try:
-            good.append(parse_line(number, text))
+            good.append(parse_line(number, text, currencies))
         except LineError as exc:
             bad.append((number, str(exc)))
     return good, bad

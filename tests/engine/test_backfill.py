@@ -48,3 +48,33 @@ def test_each_line_keeps_its_time_and_the_check_predicts_every_decision():
         (1, lines[0].command_id, "accepted"), (2, "dep-1", "accepted"), (3, "hold:h-1", "accepted"),
         (4, "pay-1", "insufficient_funds"),   # 100 posted, 30 held: 70 available
         (5, "pay-2", "accepted"), (7, "ghost", "unknown_account")]
+
+
+def test_decimal_amounts_of_a_runtime_currency_are_parsed_with_the_declared_scale():
+    """--currency XAU:3: "1.250" XAU is 1,250 minor units, a fourth non-zero decimal is refused, never rounded;
+    without the declaration the code is unknown. (That every partition confirms the scale is in
+    test_wallet_ops.py, through the broker.)"""
+    import pytest
+
+    from connectors.currencies import CurrencyDeclarationError, parse_declarations, registry_with
+    from connectors.jsonl import parse_file
+
+    declared = parse_declarations(["XAU:3", "XAU:3"])
+    assert declared == {"XAU": 3}
+    registry = registry_with(declared)
+    text = [json.dumps({"type": "post", "id": "g1", "legs": legs(("sys:world:XAU", "-1.250"),
+                                                                 ("user:a:XAU", "1.25"))}),
+            json.dumps({"type": "post", "id": "g2", "legs": legs(("sys:world:XAU", "-1.2345"),
+                                                                 ("user:a:XAU", "1.2345"))}),
+            json.dumps({"type": "hold", "id": "h1", "account": "user:a:XAU", "amount": "0.5"})]
+    lines, bad = parse_import([line(JAN_1_2020 + i, **json.loads(t)) for i, t in enumerate(text)], "importer",
+                              registry)
+    assert [leg["amount"] for leg in lines[0].record["body"][1]["legs"]] == ["-1250", "1250"]
+    assert lines[1].record["body"][1]["amount"] == "500"
+    assert bad == [(2, "leg 0 amount '-1.2345': precision_exceeded (XAU has 3 decimals)")]
+    good, bad = parse_file(text)  # without the declaration
+    assert not good and [error for _, error in bad] == ["unknown currency 'XAU' for leg 0 amount"] * 2 + [
+        "unknown currency 'XAU' for amount"]
+    for wrong in (["XAU"], ["XAU:x"], ["XA:U:3"], ["XAU:37"], ["USD:3"], ["XAU:3", "XAU:2"]):
+        with pytest.raises(CurrencyDeclarationError):
+            parse_declarations(wrong)

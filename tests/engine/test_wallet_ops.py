@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from connectors import rules
 from connectors.client import LedgerClient, Leg
+from connectors.currencies import confirm
 from projections.api import create_app
 from projections.projector import catch_up
 from projections.topics import read_topic
@@ -85,6 +86,15 @@ def test_wallet_operations_through_the_broker(settings, start_worker, tmp_path):
                wallet.post("gold-1", [Leg("sys:world:XAU", -1_250), Leg("user:ann:XAU", 1_250)])]
         assert [outcome(r) for r in wallet.wait(ids).values()] == ["accepted", "accepted"]
         assert latest_balances(settings)["user:ann:XAU"]["posted"] == "1250"  # 1.250 XAU
+        # Decimal amounts in it at the edge: every partition confirms the declared scale before a line is sent.
+        gold = tmp_path / "gold.jsonl"
+        gold.write_text(json.dumps({"type": "post", "id": "gold-2", "legs": [
+            {"account": "sys:world:XAU", "amount": "-0.125"}, {"account": "user:ann:XAU", "amount": "0.125"}]}))
+        (wrong,) = confirm(wallet, {"XAU": 2}, 30)[:1]  # what the CLI prints, then sends nothing
+        assert "XAU:2 not confirmed" in wrong and "currency_conflict (XAU is registered with scale 3)" in wrong
+        done = cli(settings, "submit", str(gold), "--currency", "XAU:3")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert latest_balances(settings)["user:ann:XAU"]["posted"] == "1375"
 
         # FX rate snapshots: a conversion naming a snapshot the ledger never recorded fails closed; once the
         # rates producer (the CLI here) has recorded it in every partition, the next attempt converts.
