@@ -228,7 +228,7 @@ def bench_api(entries: int, concurrency: int, requests: int, workers: int, threa
 def bench_hub(subscribers: int, seconds: float = 2.0) -> dict:
     """Database reads of one process's hub with 1 and with `subscribers` SSE subscribers, while a writer
     applies a batch every 100 ms: the reads do not grow with the subscribers."""
-    from projections.api import Hub, Readers
+    from projections.hub import Hub, Readers
     from projections.metrics import StatsCache
 
     counts = {}

@@ -8,7 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from connectors.client import Leg
-from projections.api import MAX_PAGE, create_app
+from projections.api import create_app
+from projections.routes import MAX_PAGE
 from tests.read.conftest import BASE_MS, DEPOSITS, PAGER
 
 USDT = 10**6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from projections.api import Hub, Readers, caught_up
+from projections.hub import Hub, Readers, caught_up
 from projections.metrics import StatsCache
 from projections.store import Record, Store
 
