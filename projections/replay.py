@@ -4,9 +4,10 @@ A rebuild starts from offset 0 (or given offsets, or the offsets of a timestamp)
 offsets, so the result is a function of a fixed prefix of the log. To compare with a live store that keeps
 moving, replay first reads the live store's offsets and digests in one read transaction (one snapshot:
 rows and offsets of the same instant), then rebuilds up to exactly those offsets and compares canonical
-hashes. The hash covers every table of the projection (balance rows, account views, currency sums, history,
-results, holds; `projections.store.HASHED` says which columns and why the bookkeeping is left out). On a
-mismatch it names the first difference: an account, a currency, a command's result or a hold. The stores
+hashes. The hash covers every table readers read (balance rows, account views, currency sums, history,
+transaction links, results, holds; `projections.store.HASHED` says which columns and why the bookkeeping is
+left out). On a mismatch it names the first difference: an account, a currency, a link, a command's result
+or a hold. The stores
 may be SQLite or PostgreSQL, even one of each: the hash covers values, not the database.
 
 Caveat: balances is a compacted topic. Compaction only removes a record after a newer one of the same key
@@ -46,7 +47,7 @@ class ReplayResult:
 class Comparison:
     live_hash: str
     rebuilt_hash: str
-    first_difference: DigestKey | None  # (account, currency, result or hold; its id), None when equal
+    first_difference: DigestKey | None  # (account, currency, link, result or hold; its id), None when equal
 
     @property
     def equal(self) -> bool:

@@ -672,23 +672,26 @@ def refold_by_time(conn: Connection, accounts: Iterable[str]) -> int:
 
 
 # --- canonical hash (P7) ------------------------------------------------------------------------------------
-# What replay hashes: every table of the projection, every column but two that record how the rows were
+# What replay hashes: every table the readers read, every column but two that record how the rows were
 # applied rather than what the topics say (`version`: the batch that wrote the row; `nonzero_since_ms`: a
-# batch shows only its last state, so it depends on where batches begin and end). Not hashed at all: the
-# bookkeeping tables, meta (store version, topic prefix), offsets (where the projector is: replay compares
+# batch shows only its last state, so it depends on where batches begin and end), and the prefix folds by
+# time (BY_TIME: recomputed from the hashed history columns). transaction_links is derived from history's
+# links too, but it is written by two paths (the projector per batch, a bulk rebuild at the end: index_links),
+# so it is hashed: a rebuild that missed a link would answer /history?link= differently. Not hashed at all:
+# the bookkeeping tables, meta (store version, topic prefix), offsets (where the projector is: replay compares
 # stores at equal offsets) and end_offsets (what the projector last saw of the topics, for the lag).
-# transaction_links is an index of history's links (derived, like BY_TIME), not a projection of its own.
-BOOKKEEPING = ("meta", "offsets", "end_offsets", "transaction_links")
+BOOKKEEPING = ("meta", "offsets", "end_offsets")
 UNHASHED = ("version", "nonzero_since_ms") + BY_TIME
 HASHED = {
     "accounts": tuple(c for c in ACCOUNT_COLUMNS if c not in UNHASHED),
     "account_views": tuple(c for c in VIEW_COLUMNS if c not in UNHASHED),
     "currency_sums": ("currency", "posted"),
-    "history": HISTORY_FIELDS + DETAIL,  # BY_TIME: derived from these columns, an index rather than a projection
+    "history": HISTORY_FIELDS + DETAIL,
+    "transaction_links": ("link", "transaction_id"),
     "results": RESULT_COLUMNS,
     "holds": HOLD_COLUMNS,
 }
-DigestKey = tuple[str, str]  # (what: account, currency, result or hold; its id)
+DigestKey = tuple[str, str]  # (what: account, currency, link, result or hold; its id)
 
 
 def _digest(doc: Any) -> str:
@@ -704,7 +707,8 @@ def digests(conn: Connection) -> Iterator[tuple[DigestKey, str]]:
     """((what, id), sha256) for everything the store projects, in key order:
     - ("account", id): its balance row (a shard's or an account's, as published), its reported view (system
       accounts: the base id sums the shards) and every history entry, so a mismatch names the account;
-    - ("currency", code): Σ posted; ("result", "client_id/command_id"): the decision; ("hold", id): its state.
+    - ("currency", code): Σ posted; ("link", transaction id): the transactions whose links name it, sorted;
+      ("result", "client_id/command_id"): the decision; ("hold", id): its state.
     Each as canonical JSON of values, so two stores hash equal exactly when they project the same records,
     whichever database holds them (both return ints and strings for the same rows)."""
     accounts = {r[0]: r for r in _rows(conn, "accounts")}
@@ -718,6 +722,10 @@ def digests(conn: Connection) -> Iterator[tuple[DigestKey, str]]:
                "history": sorted(entries.get(account_id, []), key=lambda e: e[1])}
         keyed.append((("account", account_id), _digest(doc)))
     keyed += [(("currency", r[0]), _digest(r)) for r in _rows(conn, "currency_sums")]
+    linked_by: dict[str, list[str]] = defaultdict(list)
+    for link, transaction_id in _rows(conn, "transaction_links"):
+        linked_by[link].append(transaction_id)
+    keyed += [(("link", link), _digest(sorted(ids))) for link, ids in linked_by.items()]
     keyed += [(("result", f"{r[0]}/{r[1]}"), _digest(r)) for r in _rows(conn, "results")]
     keyed += [(("hold", r[0]), _digest(r)) for r in _rows(conn, "holds")]
     yield from sorted(keyed)

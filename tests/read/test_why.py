@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from projections.api import create_app
 from projections.store import SCHEMA_TABLES, Record, Store, projection_hash
 from streams.wire import account_from_record, balance_to_wire
+from tests.helpers.hashing import assert_every_column_hashed
 from tests.rules.scenario import Scenario
 
 OCCURRED_MS = 1_600_000_000_000
@@ -91,3 +92,12 @@ def test_a_store_from_before_the_detail_columns_is_migrated_and_reads_the_same(t
     fresh = load(str(tmp_path / "new.db"), s)
     assert projection_hash(migrated.conn) == projection_hash(fresh.conn)
     assert migrated.flow("deposit_confirmed:d1") == ["deposit_confirmed:d1", "reversal_requested:r2"]
+
+
+def test_the_replay_hash_covers_the_transaction_links(tmp_path):
+    """transaction_links is written by two paths (per batch, and by a bulk rebuild at its end): the hash
+    covers it, and a changed link or linking transaction is named by the link."""
+    store = load(str(tmp_path / "read.db"), scenario())
+    assert store.linked_to("fx_converted:x1") == ["reversal_requested:r1"]
+    assert_every_column_hashed(store, "transaction_links", "link")
+    store.close()
