@@ -7,14 +7,16 @@ that is stranded. Releasing is safe for a settlement that arrives after all: it 
 settlement, streams/core/settlement.py).
 
 The listing folds the results topic: every result names the holds its command changed, after the change,
-at its log time. A hold is open while no result shows it ended; it was placed at the first log time it
-appears. The engine's own internal holds (``~...``) are left out.
+at its log time. A hold is open while no result shows it ended (the read side's hold fold); it was placed at
+the first log time it appears. The engine's own internal holds (``~...``) are left out.
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+
+from projections.fold import fold_holds, remaining
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)\Z")
 _UNIT_MS = {"": 1000, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -46,28 +48,20 @@ class OpenHold:
 
 def open_holds(results: Iterable[dict], now_ms: int, older_than_ms: int = 0) -> list[OpenHold]:
     """The holds still open in these decoded Result records, placed at least older_than_ms before now_ms,
-    oldest first."""
+    oldest first. A hold's state is the read side's fold of the results (projections/fold.py: the most
+    settled state wins, whatever order the partitions' results come in)."""
     placed: dict[str, int] = {}
-    latest: dict[str, dict] = {}
-    ended: set[str] = set()
-    for result in results:
-        for h in result.get("holds") or ():
-            hold_id = h["hold_id"]
-            if hold_id.startswith("~"):
-                continue
-            at = result["at_ms"]
-            placed[hold_id] = min(at, placed.get(hold_id, at))
-            if h["status"] != "open":
-                ended.add(hold_id)
-            taken = int(h["captured"]) + int(h["released"])
-            known = latest.get(hold_id)
-            if known is None or taken >= int(known["captured"]) + int(known["released"]):
-                latest[hold_id] = h
+
+    def noting_when_placed(results: Iterable[dict]) -> Iterator[dict]:  # one pass over the topic
+        for result in results:
+            for h in result["holds"]:
+                placed[h["hold_id"]] = min(result["at_ms"], placed.get(h["hold_id"], result["at_ms"]))
+            yield result
+
     found = []
-    for hold_id, h in latest.items():
-        if hold_id in ended or now_ms - placed[hold_id] < older_than_ms:
+    for hold_id, h in fold_holds(noting_when_placed(results)).items():
+        if hold_id.startswith("~") or h["status"] != "open" or now_ms - placed[hold_id] < older_than_ms:
             continue
-        amount = int(h["amount"])
-        found.append(OpenHold(hold_id, h["account_id"], amount, amount - int(h["captured"]) - int(h["released"]),
-                              placed[hold_id], h["expires_at_ms"]))
+        found.append(OpenHold(hold_id, h["account_id"], int(h["amount"]), remaining(h), placed[hold_id],
+                              h["expires_at_ms"]))
     return sorted(found, key=lambda o: (o.placed_at_ms, o.hold_id))

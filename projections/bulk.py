@@ -49,7 +49,7 @@ from typing import Any, Callable
 from confluent_kafka import Consumer, TopicPartition
 
 from projections import db
-from projections.fold import newer_hold, sum_shards
+from projections.fold import extend_by_time, newer_hold, sum_shards
 from projections.store import (ADVANCE_OFFSET, HISTORY_COLUMNS, HISTORY_FIELDS, HOLD_COLUMNS, KEEP_RESULT,
                                REPLACE_ACCOUNT, REPLACE_HOLD, REPLACE_META, REPLACE_RESULT, REPLACE_SUM,
                                REPLACE_VIEW, RESULT_COLUMNS, SCHEMA_INDEXES, SCHEMA_TABLES, history_detail,
@@ -162,7 +162,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
     try:
         if remaining:
             consumer.assign([TopicPartition(settings.topic(t), p, keys[(t, p)][0]) for t, p in remaining])
-        seen: dict[str, list] = {}  # account -> [seq ranges, (occurred_at_ms, seq), posted, (at_ms, seq)]
+        seen: dict[str, list] = {}  # account -> [seq ranges, its prefix folds by time (fold.Tail)]
         refold = out.refold
         result_keys: set[int] = set()
         late_results: list[tuple[bool, tuple]] = []
@@ -191,11 +191,10 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                 if topic == "history":
                     account, seq = v["account_id"], v["seq"]
                     state = seen.get(account)
-                    occ, at = (v["occurred_at_ms"], seq), (v["at_ms"], seq)
                     if state is None:
-                        posted = int(v["amount"])
-                        seen[account] = [[[seq, seq]], occ, posted, at]
-                        history_rows.append(_history_row(v) + (str(posted), v["held_after"]) + history_detail(v))
+                        tail = extend_by_time(None, v)
+                        seen[account] = [[[seq, seq]], tail]
+                        history_rows.append(_history_row(v) + (str(tail[2]), v["held_after"]) + history_detail(v))
                         continue
                     ranges = state[0]
                     last = ranges[-1]
@@ -204,10 +203,10 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                             last[1] = seq
                         else:
                             ranges.append([seq, seq])
-                        if account not in refold and occ >= state[1] and at >= state[3]:
-                            state[2] += int(v["amount"])
-                            state[1], state[3] = occ, at
-                            history_rows.append(_history_row(v) + (str(state[2]), v["held_after"]) +
+                        tail = None if account in refold else extend_by_time(state[1], v)
+                        if tail is not None:
+                            state[1] = tail
+                            history_rows.append(_history_row(v) + (str(tail[2]), v["held_after"]) +
                                                 history_detail(v))
                             continue
                     elif _contains(ranges, seq):

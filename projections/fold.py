@@ -2,9 +2,9 @@
 shards -> the reported view of a system account, a transaction's entries and results -> its status.
 
 Pure: no database, no Kafka, no clock. `rebuild-balances` (projections/rebuild.py), the oracles
-(projections/verify.py), the read store (projections/store.py), the API (projections/api.py) and the demo
-(connectors/demo.py) all call these, so "the balance history says" and "the state of a hold" mean one
-thing everywhere.
+(projections/verify.py), the read store and its bulk rebuild (projections/store.py, bulk.py), the API, the
+drift check, the open-holds listing (connectors/holds.py) and the demo (connectors/demo.py) all call these, so
+"the balance history says" and "the state of a hold" mean one thing everywhere.
 
 Records are the decoded wire dicts of the history, balances and results topics (amounts as decimal strings)
 or the read store's rows of the same fields.
@@ -133,6 +133,26 @@ def by_time(journal: Iterable[Mapping[str, Any]]) -> dict[int, tuple[int, int]]:
             best_seq, held = e["seq"], int(e["held_after"])
         out[e["seq"]][1] = held
     return {seq: (p, h) for seq, (p, h) in out.items()}
+
+
+# An account's prefix folds by time as of its last entries, to extend them entry by entry: (highest seq,
+# (occurred_at_ms, seq) of its last entry in business time, that entry's posted_by_time, (at_ms, seq) of its
+# last entry in log time).
+Tail = tuple[int, tuple[int, int], int, tuple[int, int]]
+
+
+def extend_by_time(tail: Tail | None, entry: Mapping[str, Any]) -> Tail | None:
+    """The tail after one more entry (tail None: the account's first), when the entry comes after everything
+    the tail covers in seq, business time and log time: `by_time` then gives it posted_by_time = the new
+    tail's posted and held_by_time = its own held_after, without reading the journal. None when it does not
+    (back-dated, or a seq filled late): the account's folds must be recomputed with `by_time`."""
+    seq = entry["seq"]
+    occurred, at = (entry["occurred_at_ms"], seq), (entry["at_ms"], seq)
+    if tail is None:
+        return seq, occurred, int(entry["amount"]), at
+    if seq <= tail[0] or occurred < tail[1] or at < tail[3]:
+        return None
+    return seq, occurred, tail[2] + int(entry["amount"]), at
 
 
 # --- results -> hold states ---------------------------------------------------------------------------------

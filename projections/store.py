@@ -31,7 +31,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from projections import db
 from projections.db import Connection, transaction
 from projections import fold
-from projections.fold import fold_holds, newer_hold, sum_shards
+from projections.fold import Tail, fold_holds, newer_hold, sum_shards
 from streams import routing
 from streams.core.accounting import CurrencyTrialBalance, TrialBalanceLine, default_account_type, trial_balance
 from streams.core.model import AccountType
@@ -288,19 +288,13 @@ class Store:
         tails = time_tails(self.conn, [a for a in by_account if a not in cached])
         rows, refold, links = [], [], []
         for account_id, items in by_account.items():
-            max_seq, occ, posted, at = cached.get(account_id) or tails.get(account_id, (0, None, 0, None))
-            in_order = True
+            tail, in_order = cached.get(account_id) or tails.get(account_id), True
             for seq in sorted(items):
                 v = items[seq]
-                occ_key, at_key = (v["occurred_at_ms"], seq), (v["at_ms"], seq)
-                if seq <= max_seq or (occ is not None and occ_key < occ) or (at is not None and at_key < at):
-                    in_order = False
                 if in_order:
-                    posted += int(v["amount"])
-                    max_seq, occ, at = seq, occ_key, at_key
-                    by_time = (str(posted), v["held_after"])
-                else:
-                    by_time = ("0", "0")  # recomputed below, after the insert
+                    extended = fold.extend_by_time(tail, v)
+                    in_order, tail = extended is not None, extended or tail
+                by_time = (str(tail[2]), v["held_after"]) if in_order else ("0", "0")  # else: recomputed below
                 rows.append(tuple(v[f] for f in HISTORY_FIELDS) + by_time + history_detail(v))
                 if v.get("links"):
                     links += link_rows(v)
@@ -308,7 +302,7 @@ class Store:
                 refold.append(account_id)
                 self._tails.pop(account_id, None)  # read back after the refold when next needed
             else:
-                self._new_tails[account_id] = (max_seq, occ, posted, at)
+                self._new_tails[account_id] = tail
         self.conn.executemany(INSERT_HISTORY, rows)
         if links:
             self.conn.executemany(INSERT_LINK, links)
@@ -624,7 +618,6 @@ class Store:
 
 
 # --- prefix folds by time (balances as of a time) -----------------------------------------------------------
-Tail = tuple[int, tuple[int, int] | None, int, tuple[int, int] | None]
 
 
 def time_tails(conn: Connection, accounts: list[str]) -> dict[str, Tail]:

@@ -59,3 +59,18 @@ def test_system_shards_sum_into_one_view():
     view = fold.sum_shards(rows)
     assert name == "sys:fees:USD"
     assert (view["posted"], view["seq"], view["shards"], view["last_transaction_id"]) == (60, 6, 3, "t1")
+
+
+def test_extending_the_folds_by_time_entry_by_entry_agrees_with_folding_the_journal():
+    """The projector and the bulk rebuild extend an account's prefix folds by time one entry at a time; for
+    entries in order that is by_time's answer, and an entry out of order (back-dated, or a seq seen before)
+    says the journal must be folded again."""
+    journal = [{**entry(seq, amount, 0, held), "occurred_at_ms": 1000 + seq}
+               for seq, amount, held in ((1, 0, 0), (2, 500, 0), (3, -200, 100), (4, 50, 0))]
+    folds, tail = fold.by_time(journal), None
+    for e in journal:
+        tail = fold.extend_by_time(tail, e)
+        assert (tail[2], int(e["held_after"])) == folds[e["seq"]]
+    assert fold.extend_by_time(tail, {**entry(5, 1, 0), "occurred_at_ms": 1000}) is None  # back-dated
+    assert fold.extend_by_time(tail, {**entry(4, 50, 0), "occurred_at_ms": 1004}) is None  # seen before
+    assert fold.extend_by_time(tail, {**entry(5, 1, 0), "occurred_at_ms": 2000, "at_ms": 0}) is None  # log time
