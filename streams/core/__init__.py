@@ -59,16 +59,15 @@ from streams.core.money import (
 from streams.core.rejections import Rejection
 from streams.core.results import Processed, Result
 from streams.core.state import Changes, InboxKey, MemoryState, StateReader, no_changes
-from streams.core.views import BalanceView, balance_as_of_seq, balance_as_of_time
 
 __all__ = [
     "Account", "AccountOpened", "AccountPolicy", "AccountStatus", "AccountStatusChanged", "AccountType",
-    "BalanceView", "Changes", "CloseAccount", "Command", "Currency", "CurrencyRegistered", "CurrencyRegistry",
+    "Changes", "CloseAccount", "Command", "Currency", "CurrencyRegistered", "CurrencyRegistry",
     "DEFAULT_CURRENCIES", "DEFAULT_POLICY", "Event", "ExpireHold", "FreezeAccount", "HistoryEntry", "Hold",
     "HoldExpired", "HoldPlaced", "HoldReleased", "HoldStatus", "InboxKey", "Leg", "MAX_ABS_AMOUNT", "MAX_LEGS",
     "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "PostedTransaction", "Processed", "RateSnapshot",
     "RecordRate", "RegisterCurrency", "Rejection", "ReleaseHold", "Result", "ReverseTransaction", "SYSTEM_POLICY",
     "StateReader", "TransactionPosted", "TransactionReversed", "UnfreezeAccount", "accounts_touched", "apply",
-    "assert_changes_balanced", "balance_as_of_seq", "balance_as_of_time", "check_account", "check_hold", "decide",
+    "assert_changes_balanced", "check_account", "check_hold", "decide",
     "execute", "format_amount", "no_changes", "parse_amount", "reversal_of", "routing_key_for",
 ]

@@ -1,7 +1,9 @@
 """Assertions for programmer errors: the invariants every stored record and every decision must keep.
 
-They raise AssertionError (crash on violation, TIGER_STYLE). The engine calls check_account / check_hold after
-loading records; execute calls assert_changes_balanced before returning a decision.
+They raise AssertionError (crash on violation, TIGER_STYLE). execute calls assert_changes_balanced before
+returning a decision. check_account / check_hold say what a stored account or hold must satisfy: the tests
+assert them after every step; the worker does not call them on load (a stored record is one the core wrote,
+and the oracles of projections/verify.py check the same properties over the topics).
 """
 
 from __future__ import annotations
