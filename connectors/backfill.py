@@ -34,6 +34,7 @@ class _Recorder:
     release_hold = LedgerClient.release_hold
     account_command = LedgerClient.account_command
     reverse = LedgerClient.reverse
+    return_payment = LedgerClient.return_payment
 
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id

@@ -26,6 +26,7 @@ from schemas.codec import DecodeError, codec
 from streams import routing
 from streams.authn import Signer
 from streams.core.rejections import Rejection
+from streams.core.returns import RETURNS_KEY
 from streams.config import Settings
 from streams.producing import produce
 
@@ -333,6 +334,20 @@ class LedgerClient:
         body = {"transaction_id": transaction_id, "reverses": reverses, "account_id": account_id,
                 "reference": reference, "occurred_at_ms": occurred_at_ms}
         return self.send(command_id or transaction_id, "ReverseTransaction", body, account_id)
+
+    def return_payment(self, transaction_id: str, returns: str, payee: str, payer: str, amount_minor: int, *,
+                       kind: str = "return", reference: str | None = None, command_id: str | None = None) -> str:
+        """Return (kind "return", a bank's returned deposit) or charge back (kind "chargeback") amount_minor of
+        the payment `returns`, from its payee back to its payer, linked to it. Decided where the payment was
+        (routed by its customer account); refused unknown_transaction, client_mismatch, already_reversed,
+        not_returnable or exceeds_unreturned (more than what remains unreturned). What the payee has spent
+        is taken from its receivable (streams/core/returns.py, docs/wallet-operations.md)."""
+        if type(amount_minor) is not int or amount_minor <= 0:
+            raise ClientValidationError(f"a return amount must be a positive int of minor units, got {amount_minor!r}")
+        _require_id(returns, "returns")
+        return self.post(transaction_id, [Leg(payee, -amount_minor), Leg(payer, amount_minor)], kind=kind,
+                         reference=reference, links=[returns], metadata={RETURNS_KEY: returns},
+                         command_id=command_id)
 
     def register_currency(self, code: str, scale: int, *, command_id: str | None = None) -> list[str]:
         """Register a currency in every partition: one RegisterCurrency per partition, ids `<id>@<partition>`

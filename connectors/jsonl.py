@@ -9,6 +9,8 @@
     {"type": "release", "hold": "order-7", "account": "user:1:USD"}
     {"type": "freeze" | "unfreeze" | "close", "account": "user:1:USD"}
     {"type": "reverse", "id": "rev-1", "transaction": "dep-1", "account": "user:1:USD"}
+    {"type": "return", "id": "cb-1", "transaction": "dep-1", "payee": "user:1:USD", "payer": "sys:world:USD",
+     "amount": "4.00", "kind": "chargeback"}                          (kind: "return" by default)
 
 Amounts are in major units with at most the currency's scale ("10.00" USD, "0.5" BTC), converted exactly;
 more digits than the scale is an error, never a rounding. A currency registered at runtime is parsed with
@@ -142,13 +144,19 @@ def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CU
         reversal_id = command_id or f"reversal:{reverses}"
         reference = _optional_text(obj, "reference")
         return Parsed(number, lambda c: c.reverse(reversal_id, reverses, account, reference=reference))
+    if kind == "return":
+        payee, payer = _text(obj, "payee"), _text(obj, "payer")
+        amount = _minor(obj.get("amount"), routing.system_currency(payee), currencies, "amount")
+        returns, return_id = _text(obj, "transaction"), _text(obj, "id")
+        return_kind = _optional_text(obj, "kind") or "return"
+        return Parsed(number, lambda c: c.return_payment(return_id, returns, payee, payer, amount, kind=return_kind))
     names = {"freeze": "FreezeAccount", "unfreeze": "UnfreezeAccount", "close": "CloseAccount"}
     if kind in names:
         account = _text(obj, "account")
         control_id = command_id or derived_id(kind, account, number, text)
         return Parsed(number, lambda c: c.account_command(names[kind], account, command_id=control_id))
     raise LineError(f"unknown type {kind!r}; expected one of open, post, hold, release, freeze, unfreeze, close, "
-                    f"reverse")
+                    f"reverse, return")
 
 
 def parse_file(lines: list[str], currencies: CurrencyRegistry = DEFAULT_CURRENCIES,

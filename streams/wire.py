@@ -214,7 +214,7 @@ def transaction_to_record(t: PostedTransaction) -> dict[str, Any]:
         "transaction_id": t.transaction_id, "client_id": t.client_id,
         "legs": [{"account_id": leg.account_id, "amount": str(leg.amount), "hold_id": leg.hold_id} for leg in t.legs],
         "kind": t.kind, "reference": t.reference, "rate_snapshot_id": t.rate_snapshot_id,
-        "reversed_by": t.reversed_by,
+        "reversed_by": t.reversed_by, "returned": str(t.returned), "returns": t.returns,
     }
 
 
@@ -223,6 +223,7 @@ def transaction_from_record(r: dict[str, Any]) -> PostedTransaction:
         r["transaction_id"], r["client_id"],
         tuple(Leg(leg["account_id"], int(leg["amount"]), leg["hold_id"]) for leg in r["legs"]),
         r["kind"], r["reference"], r["rate_snapshot_id"], r["reversed_by"],
+        int(r.get("returned") or "0"), r.get("returns"),  # absent in records written before returns
     )
 
 

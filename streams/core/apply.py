@@ -7,6 +7,7 @@ Seq rule: every change to an account record adds 1 to its seq and writes one His
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from streams.core.accounting import ACCOUNT_TYPE_KEY, default_account_type
@@ -20,6 +21,7 @@ from streams.core.events import (
     HoldReleased,
     RateRecorded,
     TransactionPosted,
+    TransactionReturned,
     TransactionReversed,
 )
 from streams.core.model import (
@@ -162,9 +164,16 @@ def _record_posted(o: _Overlay, e: TransactionPosted) -> None:
 def _apply_reversed(o: _Overlay, e: TransactionReversed) -> None:
     original = o.transactions.get(e.transaction_id) or o.state.transaction(e.transaction_id)
     assert original is not None and original.reversed_by is None, f"reversal of {e.transaction_id} twice"
-    o.transactions[e.transaction_id] = PostedTransaction(
-        original.transaction_id, original.client_id, original.legs, original.kind, original.reference,
-        original.rate_snapshot_id, e.reversed_by)
+    o.transactions[e.transaction_id] = dataclasses.replace(original, reversed_by=e.reversed_by)
+
+
+def _apply_returned(o: _Overlay, e: TransactionReturned) -> None:
+    """The payment counts what was returned of it; the return (posted just before) names what it returns."""
+    original = o.transactions.get(e.transaction_id) or o.state.transaction(e.transaction_id)
+    returning = o.transactions.get(e.returned_by)
+    assert original is not None and returning is not None, f"return of {e.transaction_id} without its records"
+    o.transactions[e.transaction_id] = dataclasses.replace(original, returned=original.returned + e.amount)
+    o.transactions[e.returned_by] = dataclasses.replace(returning, returns=e.transaction_id)
 
 
 def _apply_currency(o: _Overlay, e: CurrencyRegistered) -> None:
@@ -207,6 +216,7 @@ _APPLIERS = {
     AccountStatusChanged: _apply_status,
     TransactionPosted: _apply_posted,
     TransactionReversed: _apply_reversed,
+    TransactionReturned: _apply_returned,
     CurrencyRegistered: _apply_currency,
     RateRecorded: _apply_rate,
     HoldPlaced: _apply_placed,

@@ -40,6 +40,7 @@ from streams.core.events import (
     HoldReleased,
     RateRecorded,
     TransactionPosted,
+    TransactionReturned,
     TransactionReversed,
 )
 from streams.core.fx import judge_conversion, valid_rate
@@ -48,6 +49,7 @@ from streams.core.model import SYSTEM_POLICY, Account, AccountStatus, HoldStatus
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, MAX_SCALE, CurrencyRegistry, valid_code
 from streams.core.rejections import Rejection
 from streams.core.results import ACCEPTED, REJECTED, Processed, Result
+from streams.core.returns import judge_return, returned_payment
 from streams.core.settlement import LATE_SETTLEMENT, STRICT, ended, judge_capture, receivable_of, terms_of
 from streams.core.state import Changes, StateReader, no_changes
 
@@ -193,6 +195,8 @@ def _judge_transaction(state: StateReader, c: PostTransaction, currencies: Curre
                         links=c.links, metadata=c.metadata, occurred_at_ms=c.occurred_at_ms,
                         rate_snapshot_id=c.rate_snapshot_id, at_ms=c.at_ms, client_id=c.client_id,
                     ),)
+    if c.metadata and returned_payment(c.metadata) is not None:
+        return _judge_return(state, c, currencies)
     return _judge_transaction_rules(state, c, currencies)
 
 
@@ -360,6 +364,12 @@ def _judge_reverse(state: StateReader, c: ReverseTransaction, currencies: Curren
         return (Rejection.CLIENT_MISMATCH, f"transaction {c.reverses} was posted by another client")
     if original.reversed_by is not None:
         return (Rejection.ALREADY_REVERSED, f"transaction {c.reverses} was reversed by {original.reversed_by}")
+    if original.returns is not None:
+        return (Rejection.NOT_REVERSIBLE, f"transaction {c.reverses} is a return of {original.returns}: "
+                                          f"its money went back to the payer; pay it again instead")
+    if original.returned:
+        return (Rejection.EXCEEDS_UNRETURNED, f"{original.returned} of transaction {c.reverses} was returned "
+                                              f"already: return the rest instead")
     if state.transaction(c.transaction_id) is not None:
         return (_INVALID, f"transaction id {c.transaction_id} is taken")
     mirror = reversal_of(original, transaction_id=c.transaction_id, command_id=c.command_id,
@@ -369,6 +379,69 @@ def _judge_reverse(state: StateReader, c: ReverseTransaction, currencies: Curren
     if type(judged[0]) is Rejection:
         return judged
     return (*judged, TransactionReversed(transaction_id=c.reverses, reversed_by=c.transaction_id, at_ms=c.at_ms))
+
+
+class _WithAccount:
+    """state, plus one account a decision opens before it posts to it (a payee's receivable)."""
+
+    __slots__ = ("_state", "_account")
+
+    def __init__(self, state: StateReader, account: Account) -> None:
+        self._state, self._account = state, account
+
+    def account(self, account_id: str) -> Account | None:
+        return self._account if account_id == self._account.id else self._state.account(account_id)
+
+    def hold(self, hold_id: str):
+        return self._state.hold(hold_id)
+
+    def processed(self, key):
+        return self._state.processed(key)
+
+    def transaction(self, transaction_id: str):
+        return self._state.transaction(transaction_id)
+
+    def rate(self, snapshot_id: str):
+        return self._state.rate(snapshot_id)
+
+
+def _judge_return(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry) -> _Judgement:
+    """A return or chargeback (streams/core/returns.py): checked against the payment it names, then what the
+    payee's available cannot cover is taken from its receivable, and the legs are judged like any transaction."""
+    returns = returned_payment(c.metadata)
+    if not returns or not c.transaction_id or returns == c.transaction_id:
+        return (_INVALID, "a return names the payment it returns (ledger.returns), not itself")
+    original = state.transaction(returns)
+    if original is None:
+        return (Rejection.UNKNOWN_TRANSACTION, f"transaction {returns} was not posted in this partition")
+    judged = judge_return(original, c.client_id, c.legs)
+    if type(judged[0]) is Rejection:
+        return judged
+    payer, payee, amount = judged
+    if state.transaction(c.transaction_id) is not None:
+        return (_INVALID, f"transaction id {c.transaction_id} is taken")
+    reader: StateReader = state
+    opened: tuple[Event, ...] = ()
+    legs = c.legs
+    account = state.account(payee)
+    if account is not None and not account.policy.allow_negative:
+        take = max(0, min(amount, account.available + account.policy.overdraft_limit))
+        if take < amount:  # the money is spent: the rest becomes what the payee owes
+            receivable = receivable_of(account.routing_key, account.currency)
+            if state.account(receivable) is None:
+                opened = (AccountOpened(account_id=receivable, currency=account.currency,
+                                        routing_key=account.routing_key, policy=SYSTEM_POLICY, at_ms=c.at_ms),)
+                reader = _WithAccount(state, Account(receivable, account.currency, account.routing_key,
+                                                     SYSTEM_POLICY, _OPEN, 0, 0, 0, None, c.at_ms))
+            debit = next(leg for leg in legs if leg.account_id == payee)
+            credit = next(leg for leg in legs if leg.account_id == payer)
+            legs = ((Leg(payee, -take, None, debit.currency),) if take else ()) + (
+                Leg(receivable, take - amount), credit)
+    posted = _judge_transaction_rules(reader, c.with_legs(legs), currencies)
+    if type(posted[0]) is Rejection:
+        return posted
+    return (*opened, *posted, TransactionReturned(transaction_id=returns, returned_by=c.transaction_id,
+                                                  amount=amount, at_ms=c.at_ms))
 
 
 def _overdraw_to_receivables(state: StateReader, accounts: dict[str, Account], legs: tuple[Leg, ...],

@@ -61,6 +61,17 @@ class TransactionReversed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TransactionReturned:
+    """Part or all of a payment was returned or charged back by a transaction posted in the same decision
+    (streams/core/returns.py); the payment records how much, so no more than it moved is ever returned."""
+
+    transaction_id: str  # the payment returned
+    returned_by: str  # the returning transaction's id
+    amount: int  # minor units returned by it
+    at_ms: int  # log time of the command
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HoldPlaced:
     """Money was reserved on an account."""
 
@@ -108,6 +119,6 @@ class RateRecorded:
 
 
 Event = Union[
-    AccountOpened, AccountStatusChanged, TransactionPosted, TransactionReversed, HoldPlaced, HoldReleased,
-    HoldExpired, CurrencyRegistered, RateRecorded,
+    AccountOpened, AccountStatusChanged, TransactionPosted, TransactionReversed, TransactionReturned, HoldPlaced,
+    HoldReleased, HoldExpired, CurrencyRegistered, RateRecorded,
 ]

@@ -166,6 +166,8 @@ class PostedTransaction:
     reference: str | None  # its external reference id
     rate_snapshot_id: str | None  # the FX rate snapshot it used, carried onto its reversal
     reversed_by: str | None  # the transaction that reversed it; None while it stands
+    returned: int = 0  # minor units returned or charged back of it so far (streams/core/returns.py)
+    returns: str | None = None  # for a return or chargeback: the payment it returns (never reversed itself)
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,13 @@ class Rejection(enum.IntEnum):
     # it moves nothing through the FX desk in both currencies (streams/core/fx.py). Judged after unbalanced,
     # before funds: an amount off the rate is a wrong command whatever the balances.
     AMOUNT_OFF_RATE = 36
+    # A return or chargeback (streams/core/returns.py) of a transaction that is not a payment from one account
+    # to another in one currency, or is itself a return; or whose legs do not move money from that payment's
+    # payee back to its payer.
+    NOT_RETURNABLE = 37
+    # A return or chargeback of more than what remains unreturned of its payment; also a reversal of a payment
+    # partly returned already (return the rest instead).
+    EXCEEDS_UNRETURNED = 38
 
     @property
     def code(self) -> str:

@@ -608,3 +608,53 @@ def test_the_conversion_check_is_floor_or_ceil_of_the_exact_rational(taken, num,
         assert judged is not None
     else:
         assert (judged is None) == follows, (judged, exact, paid)
+
+
+# --- returns and chargebacks ------------------------------------------------------------------------------------
+
+RETURNS = """
+open world:USD USD neg   | ok
+open shop:USD USD neg    | ok
+open u:USD USD           | ok
+open v:USD USD           | ok
+transfer d1 world:USD->u:USD 100.00 kind=deposit | ok | u:USD=100.00
+transfer p1 u:USD->v:USD 10.00 kind=payment     | ok | u:USD=90.00 v:USD=10.00
+"""
+R = "meta=ledger.returns:"
+
+
+def test_returns_and_chargebacks_take_back_part_of_a_payment_and_overdraw_the_spent_rest_into_a_receivable() -> None:
+    ledger = run(RETURNS + f"""
+# a partial return of the deposit while the money is there: linked to it, limited to what remains unreturned
+tx r1 u:USD=-30.00 world:USD=30.00 kind=return {R}d1 link=d1              | ok                 | u:USD=60.00
+tx r2 u:USD=-70.01 world:USD=70.01 kind=return {R}d1                      | exceeds_unreturned | u:USD=60.00
+# the user spends; a chargeback of the remaining 70.00 takes the 55.00 left and the 15.00 spent from the receivable
+transfer s1 u:USD->shop:USD 5.00 kind=purchase                            | ok                 | u:USD=55.00
+tx c1 u:USD=-70.00 world:USD=70.00 kind=chargeback {R}d1                  | ok | u:USD=0 u:receivable.USD=-15.00 world:USD=0
+tx c2 u:USD=-0.01 world:USD=0.01 kind=chargeback {R}d1                    | exceeds_unreturned
+# what is not a return of a known payment, by this client, from its payee back to its payer
+tx x1 u:USD=-1.00 world:USD=1.00 kind=return {R}nope                      | unknown_transaction
+tx x2 u:USD=-1.00 world:USD=1.00 kind=return {R}d1 client=other           | client_mismatch
+tx x3 world:USD=-1.00 u:USD=1.00 kind=return {R}d1                        | not_returnable
+tx x4 v:USD=-1.00 u:USD=1.00 kind=return {R}d1                            | not_returnable
+tx x5 v:USD=-1.00 u:USD=0.50 world:USD=0.50 kind=return {R}p1             | not_returnable
+tx x6 v:USD=-1.00 u:USD=1.00 kind=return {R}c1                            | not_returnable
+tx x7 v:USD=-1.00 u:USD=1.00 kind=return {R}x7                            | invalid_command
+# a payment partly returned is not reversed (return the rest), a return is not reversed, nor returned again
+tx r3 v:USD=-4.00 u:USD=4.00 kind=return {R}p1                            | ok                 | u:USD=4.00 v:USD=6.00
+reverse rv1 p1 u:USD                                                      | exceeds_unreturned
+reverse rv2 r3 v:USD                                                      | not_reversible
+# a reversed payment is not returned
+transfer p2 v:USD->u:USD 1.00                                             | ok
+reverse rv3 p2 v:USD                                                      | ok                 | v:USD=6.00
+tx x8 u:USD=-1.00 v:USD=1.00 kind=return {R}p2                            | already_reversed
+# the rest of p1, while the payee still has it: nothing owed
+tx r4 v:USD=-6.00 u:USD=6.00 kind=return {R}p1                            | ok                 | v:USD=0 u:USD=10.00
+""")
+    deposit = ledger.state.transactions["d1"]
+    assert (deposit.returned, ledger.state.transactions["c1"].returns) == (10_000, "d1")
+    (chargeback,) = [r.events for r in ledger.results
+                     if any(getattr(e, "transaction_id", None) == "c1" for e in r.events)]
+    assert [type(e).__name__ for e in chargeback] == ["AccountOpened", "TransactionPosted", "TransactionReturned"]
+    assert chargeback[1].legs == (Leg("u:USD", -5_500), Leg("u:receivable.USD", -1_500), Leg("world:USD", 7_000))
+    assert ledger.state.transactions["p1"].returned == 1_000

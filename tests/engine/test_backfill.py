@@ -78,3 +78,13 @@ def test_decimal_amounts_of_a_runtime_currency_are_parsed_with_the_declared_scal
     for wrong in (["XAU"], ["XAU:x"], ["XA:U:3"], ["XAU:37"], ["USD:3"], ["XAU:3", "XAU:2"]):
         with pytest.raises(CurrencyDeclarationError):
             parse_declarations(wrong)
+
+
+def test_a_return_line_is_a_transaction_naming_its_payment():
+    lines, bad = parse_import([line(JAN_1_2020, type="return", id="cb-1", transaction="dep-1", payee="user:a:USD",
+                                    payer="sys:world:USD", amount="4.00", kind="chargeback")], "importer")
+    assert not bad
+    body = lines[0].record["body"][1]
+    assert (body["kind"], body["links"], body["metadata"]) == ("chargeback", ["dep-1"], {"ledger.returns": "dep-1"})
+    assert [(leg["account_id"], leg["amount"]) for leg in body["legs"]] == [("user:a:USD", "-400"),
+                                                                             ("sys:world:USD", "400")]
