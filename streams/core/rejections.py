@@ -111,6 +111,12 @@ class Rejection(enum.IntEnum):
     # A return or chargeback of more than what remains unreturned of its payment; also a reversal of a payment
     # partly returned already (return the rest instead).
     EXCEEDS_UNRETURNED = 38
+    # A command of a linked batch (streams/core/linked.py) that was not decided because another command of the
+    # batch was refused: all or nothing. The detail names the refused command and its reason.
+    LINKED_FAILED = 39
+    # A linked batch whose commands live in more than one partition: linked commands are decided within one
+    # partition only (docs/wallet-operations.md). Numbered after 40, which was taken.
+    LINKED_SPANS_PARTITIONS = 41
 
     @property
     def code(self) -> str:

@@ -1,0 +1,128 @@
+"""Linked commands: several commands that take effect together or not at all (TigerBeetle's linked events,
+ledger-core's Journal.extend). Pure; decided here once, the engine only supplies where each command lives.
+
+``execute_linked(state, commands)`` decides the commands in order, each against the state the ones before it
+leave (their changes staged on an overlay, nothing written). If every one is accepted (or a duplicate), each
+gets its own result and changes, exactly those it would have had sent one by one in that order. If one is
+refused, none takes effect: it keeps its own reason, and every other command is refused ``linked_failed``
+with a detail naming it. Every answer is remembered (the inbox entry is the only change), so a retry of the
+batch is answered the same; the ids are spent, like any rejection's. A command already decided before (a
+duplicate) keeps its stored answer and is not written again.
+
+Only within one partition for now: ``judge_placement`` refuses a batch whose commands live in more than one
+partition ``linked_spans_partitions`` (each command, remembered), since a partition can stage and undo only
+its own state; across partitions the batch would be one unit of the two-phase protocol (docs/wallet-operations.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from streams.core.commands import Command
+from streams.core.decide import execute
+from streams.core.model import Account, Hold, PostedTransaction, RateSnapshot
+from streams.core.money import DEFAULT_CURRENCIES, CurrencyRegistry
+from streams.core.rejections import Rejection
+from streams.core.results import REJECTED, Processed, Result
+from streams.core.state import Changes, InboxKey, StateReader
+
+
+class _Staged:
+    """state with the changes of the batch's earlier commands on top."""
+
+    def __init__(self, state: StateReader) -> None:
+        self._state = state
+        self.accounts: dict[str, Account] = {}
+        self.holds: dict[str, Hold] = {}
+        self.inbox: dict[InboxKey, Processed] = {}
+        self.transactions: dict[str, PostedTransaction] = {}
+        self.rates: dict[str, RateSnapshot] = {}
+
+    def account(self, account_id: str) -> Account | None:
+        found = self.accounts.get(account_id)
+        return found if found is not None else self._state.account(account_id)
+
+    def hold(self, hold_id: str) -> Hold | None:
+        found = self.holds.get(hold_id)
+        return found if found is not None else self._state.hold(hold_id)
+
+    def processed(self, key: InboxKey) -> Processed | None:
+        found = self.inbox.get(key)
+        return found if found is not None else self._state.processed(key)
+
+    def transaction(self, transaction_id: str) -> PostedTransaction | None:
+        found = self.transactions.get(transaction_id)
+        return found if found is not None else self._state.transaction(transaction_id)
+
+    def rate(self, snapshot_id: str) -> RateSnapshot | None:
+        found = self.rates.get(snapshot_id)
+        return found if found is not None else self._state.rate(snapshot_id)
+
+    def stage(self, changes: Changes) -> None:
+        self.accounts.update(changes.accounts)
+        self.holds.update(changes.holds)
+        self.transactions.update(changes.transactions)
+        self.rates.update((r.snapshot_id, r) for r in changes.rates)
+        if changes.processed is not None:
+            key, processed = changes.processed
+            self.inbox[key] = processed
+
+
+def _refused(state: StateReader, command: Command, reason: Rejection, detail: str) -> tuple[Result, Changes]:
+    """A refusal remembered under the command's key (a duplicate keeps its stored answer instead)."""
+    key = (command.client_id, command.command_id)
+    seen = state.processed(key)
+    fingerprint = command.fingerprint()
+    if seen is not None:
+        if seen.fingerprint == fingerprint:
+            return dataclasses.replace(seen.result, duplicate=True), Changes({}, {}, (), None)
+        return Result(command.command_id, command.client_id, REJECTED, Rejection.ID_CONFLICT,
+                      f"command {command.command_id} of {command.client_id} was already used with another "
+                      f"payload", ()), Changes({}, {}, (), None)
+    result = Result(command.command_id, command.client_id, REJECTED, reason, detail, ())
+    if not command.command_id or not command.client_id:
+        return result, Changes({}, {}, (), None)
+    return result, Changes({}, {}, (), (key, Processed(fingerprint, result)))
+
+
+def execute_linked(state: StateReader, commands: Sequence[Command],
+                   currencies: CurrencyRegistry = DEFAULT_CURRENCIES) -> list[tuple[Result, Changes]]:
+    """One (result, changes) per command, in order: all accepted with their changes, or all refused (the
+    failing one with its reason, the others linked_failed). Commit the changes in order, as for execute."""
+    staged = _Staged(state)
+    decided: list[tuple[Result, Changes]] = []
+    registry = currencies
+    for command in commands:
+        result, changes = execute(staged, command, registry)
+        if not result.accepted:
+            failing = command.command_id
+            out = []
+            for other in commands:
+                if other is command:
+                    out.append((result, changes))
+                else:
+                    out.append(_refused(state, other, Rejection.LINKED_FAILED,
+                                        f"linked with {failing}, which was refused {result.reason.code}"))
+            return out
+        staged.stage(changes)
+        for currency in changes.currencies:
+            registry = registry.with_currency(currency)
+        decided.append((result, changes))
+    return decided
+
+
+def judge_placement(partitions: Iterable[Iterable[int]]) -> tuple[Rejection, str] | None:
+    """None when every command of a linked batch lives in one partition (partitions: per command, the
+    partitions it touches, as the engine routes it), else why the batch is refused."""
+    touched = sorted({p for command in partitions for p in command})
+    if len(touched) > 1:
+        return (Rejection.LINKED_SPANS_PARTITIONS,
+                f"a linked batch decides in one partition; its commands touch partitions {touched}")
+    return None
+
+
+def refuse_all(state: StateReader, commands: Sequence[Command], reason: Rejection,
+               detail: str) -> list[tuple[Result, Changes]]:
+    """Every command of a batch refused for one reason (a batch that cannot be linked), each remembered."""
+    return [_refused(state, command, reason, detail) for command in commands]

@@ -1,0 +1,72 @@
+"""Linked commands (streams/core/linked.py), table-driven: each batch is a list of scenario-language commands
+(tests/core/ledger_dsl.py), its expected answers in order, and the balances after it is committed."""
+from __future__ import annotations
+
+import pytest
+
+from streams.core.linked import execute_linked, judge_placement, refuse_all
+from streams.core.rejections import Rejection
+
+from .ledger_dsl import Ledger
+
+SETUP = """
+open world:USD USD neg | ok
+open a:USD USD         | ok
+open b:USD USD         | ok
+open c:USD USD         | ok
+transfer d1 world:USD->a:USD 10.00 kind=deposit | ok | a:USD=10.00
+"""
+
+CASES = [
+    ("all accepted: a later command spends what an earlier one credited",
+     ["transfer t1 a:USD->b:USD 10.00 id=l1", "transfer t2 b:USD->c:USD 7.00 id=l2", "hold h1 c:USD 7.00 id=l3"],
+     ["ok", "ok", "ok"], "a:USD=0 b:USD=3.00 c:USD=7.00/7.00"),
+    ("one refused: nothing takes effect, the others are linked_failed",
+     ["transfer t1 a:USD->b:USD 10.00 id=l1", "transfer t2 b:USD->c:USD 11.00 id=l2", "open e:USD USD id=l3"],
+     ["linked_failed", "insufficient_funds", "linked_failed"], "a:USD=10.00 b:USD=0 c:USD=0"),
+    ("the first refused",
+     ["transfer t1 nobody:USD->b:USD 1.00 id=l1", "transfer t2 a:USD->b:USD 1.00 id=l2"],
+     ["unknown_account", "linked_failed"], "a:USD=10.00 b:USD=0"),
+    ("two commands of the batch take the same money: the second is refused, so is the first",
+     ["transfer t1 a:USD->b:USD 6.00 id=l1", "transfer t2 a:USD->c:USD 6.00 id=l2"],
+     ["linked_failed", "insufficient_funds"], "a:USD=10.00 b:USD=0 c:USD=0"),
+]
+
+
+@pytest.mark.parametrize("name,batch,expected,balances", CASES, ids=[c[0] for c in CASES])
+def test_a_linked_batch_posts_all_or_nothing(name, batch, expected, balances) -> None:
+    ledger = Ledger().run(SETUP)
+    commands = [ledger._command(100 + i, text) for i, text in enumerate(batch)]
+    decided = execute_linked(ledger.state, commands, ledger.currencies)
+    assert [("ok" if r.accepted else r.reason.code) for r, _ in decided] == expected
+    for result, changes in decided:
+        ledger.state.commit(changes)
+        if result.reason is Rejection.LINKED_FAILED:
+            failing = next(c.command_id for c, e in zip(commands, expected) if e not in ("ok", "linked_failed"))
+            assert failing in result.detail
+    ledger._check_books(0)  # P1 and every record's invariants after the commit
+    for token in balances.split():
+        account_id, _, value = token.partition("=")
+        posted, _, held = value.partition("/")
+        account = ledger.state.accounts[account_id]
+        assert account.posted == ledger.amount(posted, account_id), (account_id, account.posted)
+        assert account.held == (ledger.amount(held, account_id) if held else account.held)
+    # a retry of the same batch is answered the same, as duplicates, and changes nothing more
+    again = execute_linked(ledger.state, commands, ledger.currencies)
+    assert [("ok" if r.accepted else r.reason.code) for r, _ in again] == expected
+    assert all(r.duplicate and c.is_empty for r, c in again)
+
+
+def test_a_linked_batch_across_partitions_is_refused_and_remembered() -> None:
+    ledger = Ledger().run(SETUP)
+    commands = [ledger._command(100, "transfer t1 a:USD->b:USD 1.00 id=x1"),
+                ledger._command(101, "transfer t2 a:USD->c:USD 1.00 id=x2")]
+    assert judge_placement([{3}, {3}]) is None and judge_placement([]) is None
+    reason, detail = judge_placement([{3}, {3, 5}])
+    assert reason is Rejection.LINKED_SPANS_PARTITIONS and "[3, 5]" in detail
+    decided = refuse_all(ledger.state, commands, reason, detail)
+    assert [r.reason for r, _ in decided] == [Rejection.LINKED_SPANS_PARTITIONS] * 2
+    for _, changes in decided:
+        ledger.state.commit(changes)
+    assert all(r.duplicate for r, _ in refuse_all(ledger.state, commands, reason, detail))
+    assert ledger.state.accounts["a:USD"].posted == 1000
