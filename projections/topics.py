@@ -55,9 +55,7 @@ def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[T
     """Every record of a ledger topic up to the end offsets seen at the start (in order within a partition).
     On the commands topic a CommandBatch record yields each of its commands, in order, with its index."""
     # Transaction markers take offsets but are no records: a partition's end shows as its EOF event.
-    consumer = Consumer({**settings.kafka_config(), "group.id": f"reader-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "enable.partition.eof": True})
+    consumer = Consumer(settings.bounded_reader_config(f"reader-{uuid.uuid4()}"))
     topic = settings.topic(name)
     try:
         ends: dict[int, int] = {}
@@ -72,7 +70,8 @@ def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[T
         # All partitions at once: one fetch session instead of one round trip per partition.
         consumer.assign(assignment)
         while ends:
-            for msg in consumer.consume(10000, timeout=0.2):
+            # consume() waits for the whole count or the timeout: a short one, as the last call waits all of it.
+            for msg in consumer.consume(10000, timeout=0.02):
                 if msg.error():
                     if msg.error().code() == KafkaError._PARTITION_EOF and \
                             msg.offset() >= ends.get(msg.partition(), float("inf")):

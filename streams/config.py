@@ -35,6 +35,12 @@ WORKER_ACK_TIMEOUT_MS = 8_000  # librdkafka request.timeout.ms: the broker's wai
 WORKER_DELIVERY_TIMEOUT_MS = 50_000  # librdkafka message.timeout.ms: a send not acked by then fails, named
 WORKER_CONSUMER_REQUEST_TIMEOUT_S = 15.0  # aiokafka request_timeout_ms (Faust requires >= the session timeout)
 
+# A reader that reads partitions up to their end and stops (a worker's restore, verify, quiescence, a topic read
+# whole) learns that it reached the end from an empty fetch. With librdkafka's default fetch.wait.max.ms the
+# broker holds every such fetch 500 ms waiting for records that are not coming: half a second per partition read
+# (a worker's restore reads two topics per partition). Asking again after 10 ms costs a few small requests.
+BOUNDED_READ_FETCH_WAIT_MS = 10
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -57,6 +63,13 @@ class Settings:
     def kafka_config(self) -> dict[str, str]:
         """confluent-kafka (librdkafka) configuration with the security pass-through."""
         return {"bootstrap.servers": self.bootstrap, "logger": KAFKA_LOG, **self.security}
+
+    def bounded_reader_config(self, group_id: str) -> dict[str, object]:
+        """A consumer that reads committed records up to a partition's end, which it sees as an EOF event, and
+        stops there: it commits nothing and asks again soon when a fetch finds nothing new."""
+        return {**self.kafka_config(), "group.id": group_id, "enable.auto.commit": False,
+                "isolation.level": "read_committed", "enable.partition.eof": True,
+                "fetch.wait.max.ms": BOUNDED_READ_FETCH_WAIT_MS}
 
     def client_results_topic(self, client_id: str) -> str:
         """A registered client's own results topic: the workers copy each of its results there, and only

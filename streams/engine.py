@@ -102,14 +102,18 @@ class _Reader:
         self.position = start
 
     def __iter__(self):
+        # Learn the partition's leader first: assigned a partition whose leader it does not know yet, librdkafka
+        # looks up the start offset only when its retry timer fires, half a second later.
+        self.consumer.get_watermark_offsets(TopicPartition(self.topic, self.partition), timeout=30)
         self.consumer.assign([TopicPartition(self.topic, self.partition, self.start or OFFSET_BEGINNING)])
         deadline = time.monotonic() + TRANSACTION_TIMEOUT_MS / 1000 + 30
         while self.position <= self.end:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"restoring {self.topic}[{self.partition}]: the log stays open at "
                                    f"{self.position}, below its end {self.end}")
-            # A short timeout: librdkafka's consume() waits for the full count or the timeout.
-            for msg in self.consumer.consume(10000, timeout=0.1):
+            # A short timeout: librdkafka's consume() waits for the full count or the timeout, and the last
+            # call of every read (the one that brings the EOF event) waits the whole of it.
+            for msg in self.consumer.consume(10000, timeout=0.02):
                 if msg.error():
                     if msg.error().code() == KafkaError._PARTITION_EOF:
                         self.position = max(self.position, msg.offset())
@@ -265,6 +269,14 @@ class Engine:
         every earlier producer of its transactional.id and aborts (or completes) its open transaction."""
         producer = _producer(self.settings, **{"transactional.id": transactional_id(self.settings, partition),
                                                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS})
+        # The cluster's brokers first: a new librdkafka producer (2.16) that asks for its transaction coordinator
+        # while it still replaces its bootstrap connection by the broker it learns loses the answer about one
+        # time in three, and asks again only when its coordinator timer fires 500 ms later (per partition
+        # restored). A failure here is init_transactions' to report.
+        try:
+            producer.list_topics(timeout=self.settings.connect_timeout_s)
+        except KafkaException:
+            pass
         for attempt in range(5):
             try:
                 producer.init_transactions(FLUSH_TIMEOUT_S)
@@ -392,13 +404,8 @@ class Engine:
         self._fence(partition)
         proc = self.processor(partition)
         start = proc.state.changelog_offset()
-        consumer = Consumer({
-            **self.settings.kafka_config(),
-            "group.id": f"{self.settings.prefix}restore",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",  # never an aborted transaction's records
-            "enable.partition.eof": True,
-        })
+        # read_committed: never an aborted transaction's records.
+        consumer = Consumer(self.settings.bounded_reader_config(f"{self.settings.prefix}restore"))
         topic = self._topics["changelog"]
         try:
             if self._client_results_generation != self._generation:  # once per rebalance, not per partition
