@@ -51,7 +51,7 @@ os.environ.setdefault("LEDGER_ENGINE_KEY", "engine-core-bench key")  # no develo
 
 from schemas.codec import Codec, codec  # noqa: E402
 from streams import partition as partition_module  # noqa: E402
-from streams import routing  # noqa: E402
+from streams import placement, routing  # noqa: E402
 from streams.config import Settings  # noqa: E402
 from streams.engine import CommandRecord, Engine  # noqa: E402
 from streams.seal import Seal  # noqa: E402
@@ -184,7 +184,7 @@ class Bench:
 
     def send(self, record: dict, routing_account: str) -> None:
         """What the client does: placement, encoding, one CommandBatch item per partition."""
-        record, partitions = routing.placements(record, routing_account, PARTITIONS)
+        record, partitions = placement.placements(record, routing_account, PARTITIONS)
         encoded = self.codec.encode("command", record)
         for p in partitions:
             self.pending[p].append(encoded)

@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from connectors.admin import BrokerUnreachable, require_broker
 from connectors.answers import Answers
 from schemas.codec import DecodeError, codec
-from streams import routing
+from streams import placement, routing
 from streams.authn import Signer
 from streams.core.rejections import Rejection
 from streams.core.returns import RETURNS_KEY
@@ -162,10 +162,10 @@ class LedgerClient:
         return command_id
 
     def _send_record(self, record: dict[str, Any], routing_account: str, timestamp_ms: int | None = None) -> None:
-        """A command where it must go: a transaction with debits in several partitions to its coordinator
-        and a copy to each other partition it debits (routing.placements), so that every partition it
-        touches decides it in this client's order (P10)."""
-        record, partitions = routing.placements(record, routing_account, self.settings.partitions)
+        """A command where it must go: a transaction whose legs live in several partitions to its
+        coordinator and a copy to each other partition it touches (placement.placements), so that every
+        partition decides it in this client's order (P10)."""
+        record, partitions = placement.placements(record, routing_account, self.settings.partitions)
         encoded = self._codec.encode("command", record)
         for partition in partitions:
             self.send_raw(encoded, routing_account, partition, timestamp_ms)

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from projections.fold import Balance, fold_holds, fold_journal, journals as journals_of, remaining, walk
+from projections.fold import CLEARING as CLEARING_PREFIX, Balance, fold_holds, fold_journal, journals as journals_of, remaining, walk
 from projections.topics import SCHEMA_OF_TOPIC, TopicRecord, latest_per_account, read_topic
 from schemas.codec import DecodeError, codec
 from streams import routing
@@ -381,15 +381,29 @@ def check_reemissions_identical(report: Report, history: Iterable[TopicRecord]) 
                               "published with two different contents")
 
 
+def _shares(legs: list[dict]) -> int:
+    """The entries a multi-partition transaction's commits post outside clearing (streams/spanning.py)."""
+    return len({(leg["account_id"], leg["hold_id"] or "", leg["amount"].startswith("-")) if
+                not routing.is_system(leg["account_id"]) else (leg["account_id"], str(i), True)
+                for i, leg in enumerate(legs)})
+
+
 def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, list[TopicRecord]],
                                       accepted: set[CommandKey], entries: dict[str, TopicRecord],
                                       results: Iterable[TopicRecord]) -> None:
     """P4: an accepted client command changed the books exactly once: one history entry per leg of a
-    transaction, one for any other change. A transaction with debits in several partitions posted its debits
-    under engine ids (~commit~); under its own id: its credits and one clearing leg per credited currency."""
+    transaction, one for any other change. A transaction whose legs live in several partitions posts each
+    partition's share under an engine id (``<client>/<command>~commit~<p>``): one entry per reserved debit
+    (plain debits of an account together, captures of a hold together), per credited account and per leg
+    on a system account, besides the clearing legs; none under its own id."""
     per_command = Counter((e.value["client_id"], e.value["command_id"]) for e in entries.values())
     spanning = {r.value["command_id"].rsplit("~", 1)[0] for r in results
                 if r.value["client_id"] == ENGINE_CLIENT and r.value["command_id"].endswith("~begin")}
+    committed: Counter = Counter()  # transaction key -> entries its commits posted, clearing legs left out
+    for e in entries.values():
+        if e.value["client_id"] == ENGINE_CLIENT and "~commit~" in e.value["command_id"] and \
+                not e.value["account_id"].startswith(CLEARING_PREFIX):
+            committed[e.value["command_id"].rsplit("~commit~", 1)[0]] += 1
     # A reversal posts one leg per leg of the transaction it mirrors (decided in one partition).
     per_transaction = Counter(e.value["transaction_id"] for e in entries.values() if e.value["transaction_id"])
     # A late settlement's overdraw adds entries on its owner's receivable, an account the command does not name:
@@ -413,8 +427,11 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
             if expected + len(added) - sum(added) <= per_command[key] <= expected + len(added):
                 continue
         if f"{key[0]}/{key[1]}" in spanning:
-            credits = [leg for leg in body["legs"] if not leg["amount"].startswith("-")]
-            expected = len(credits) + len({leg["currency"] or leg["account_id"].rsplit(":", 1)[-1] for leg in credits})
+            if per_command[key] or committed[f"{key[0]}/{key[1]}"] != _shares(body["legs"]):
+                report.fail("P4", f"command {key} has {per_command[key]} history entries under its own id and "
+                                  f"{committed[f'{key[0]}/{key[1]}']} under its commits, expected 0 and "
+                                  f"{_shares(body['legs'])}")
+            continue
         if per_command[key] != expected:
             report.fail("P4", f"command {key} has {per_command[key]} history entries, expected {expected}")
 

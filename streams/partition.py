@@ -10,7 +10,6 @@ credits to other partitions through clearing) -> core.execute (pure) -> stage wr
 from __future__ import annotations
 
 import hashlib
-import dataclasses
 import heapq
 import json
 import logging
@@ -20,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from schemas.codec import DecodeError, codec
-from streams import core, limits, routing
+from streams import core, limits, placement, routing
 from streams.routing import ENGINE_CLIENT
 from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rejection, Result
 from streams.seal import DEVELOPMENT, Headers, Seal
@@ -47,9 +46,6 @@ from streams.wire import (
     transaction_to_record,
 )
 
-# Metadata of a cross-partition credit: where the money goes back if the credit cannot apply.
-RETURN_TO = "ledger.return_to"
-RETURN_PARTITION = "ledger.return_partition"
 CHANGELOG_OFFSET_KEY = b"m/changelog"
 # Decoded account, hold and transaction records kept between batches, at most (streams/partition.py commit).
 DECODED_CACHE_LIMIT = int(os.environ.get("LEDGER_DECODED_CACHE", "100000"))
@@ -671,47 +667,27 @@ class PartitionProcessor:
         self._execute(command, offset)
 
     def _transaction(self, tx: core.PostTransaction, offset: int) -> None:
-        debit_homes = {self._home(leg.account_id) for leg in tx.legs if leg.amount < 0} - {None}
-        if len(debit_homes) > 1:
-            coordinator = self._home(next(l.account_id for l in tx.legs
-                                          if l.amount < 0 and self._home(l.account_id) is not None))
-            if coordinator != self.partition:
-                self._forward(tx, coordinator)
-            else:
-                self.spanning.begin(tx, offset)
+        """Decided here in one step when every leg lives here (streams/placement.py); by its coordinator in
+        two phases when its legs live in several partitions; forwarded, unchanged, when it belongs elsewhere."""
+        where = self.spanning.plan(tx)
+        if where.coordinator is not None and where.coordinator != self.partition:
+            self._forward(tx, where.coordinator)
             return
-        if debit_homes and self.partition not in debit_homes:
-            self._forward(tx, debit_homes.pop())
+        if where.spans:
+            self.spanning.begin(tx, offset)
             return
         legs: list[Leg] = []
-        remote: list[tuple[Leg, int, str]] = []  # (leg, its partition, currency)
         for leg in tx.legs:
-            home = self._home(leg.account_id)
-            if home is None or home == self.partition:
-                if routing.SHARD_MARK in leg.account_id and routing.is_system(leg.account_id):
+            if routing.is_system(leg.account_id):
+                if routing.SHARD_MARK in leg.account_id:
                     self._reject_command(tx, Rejection.INVALID_COMMAND, "shard ids (sys:...@n) are internal")
                     return
-                legs.append(Leg(self._local(leg.account_id), leg.amount, leg.hold_id, leg.currency)
-                            if home is None else leg)
-                continue
-            currency = leg.currency or routing.system_currency(leg.account_id)
-            if leg.hold_id is not None or self.currencies.get(currency) is None:
-                self._reject_command(tx, Rejection.INVALID_COMMAND,
-                                     f"leg on {leg.account_id} (another partition) needs its currency")
-                return
-            remote.append((leg, home, currency))
-            legs.append(Leg(routing.shard_of(f"sys:clearing:{currency}", self.partition), leg.amount))
-        system = [leg.account_id for leg in tx.legs if routing.is_system(leg.account_id)]
-        system += [f"sys:clearing:{currency}" for _, _, currency in remote]
-        if not self._open_shards(system, tx, offset):
+                legs.append(Leg(self._local(leg.account_id), leg.amount, leg.hold_id, leg.currency))
+            else:
+                legs.append(leg)
+        if not self._open_shards([leg.account_id for leg in tx.legs if routing.is_system(leg.account_id)], tx, offset):
             return
-        local = tx.with_legs(tuple(legs))
-        result = self._execute(local, offset, tx)
-        if result.outcome == "accepted":
-            for index, (leg, home, currency) in enumerate(remote):
-                self._send_credit(tx, index, leg, home, currency)
-        elif tx.client_id == ENGINE_CLIENT and dict(tx.metadata).get(RETURN_TO):
-            self._send_return(tx)
+        self._execute(tx.with_legs(tuple(legs)), offset, tx)
 
     def _open_shards(self, system_ids: list[str], command: core.Command, offset: int) -> bool:
         """Open the local shard of each system account on first use; False (rejected) for an unknown currency."""
@@ -729,36 +705,10 @@ class PartitionProcessor:
         return True
 
     # Cross-partition follow-ups ----------------------------------------------------------------------------
-    def _send_credit(self, tx: core.PostTransaction, index: int, leg: Leg, home: int, currency: str) -> None:
-        """Money left this partition into clearing; the credit lands in the account's own partition."""
-        # Derived from the original command's scoped id: unique ledger-wide and the same on every redo.
-        credit_id = f"{tx.client_id}/{tx.command_id}~credit~{index}"
-        debtor = next(l.account_id for l in tx.legs if l.amount < 0 and self._home(l.account_id) in (None, self.partition))
-        credit = core.PostTransaction(
-            command_id=credit_id, client_id=ENGINE_CLIENT, at_ms=tx.at_ms, transaction_id=credit_id,
-            legs=(Leg(f"sys:clearing:{currency}", -leg.amount), Leg(leg.account_id, leg.amount, None, leg.currency)),
-            kind=tx.kind, reference=tx.transaction_id, links=(tx.transaction_id,),
-            metadata=((RETURN_PARTITION, str(self.partition)), (RETURN_TO, debtor)),
-            occurred_at_ms=tx.occurred_at_ms,
-        )
-        self._send_command(credit, routing.routing_key_for(leg.account_id), home)
-
-    def _send_return(self, credit: core.PostTransaction) -> None:
-        """A credit from another partition could not apply: send the money back through clearing."""
-        meta = dict(credit.metadata)
-        clearing, target = credit.legs
-        back_id = f"{credit.transaction_id}~return"
-        back = core.PostTransaction(
-            command_id=back_id, client_id=ENGINE_CLIENT, at_ms=credit.at_ms, transaction_id=back_id,
-            legs=(Leg(clearing.account_id, clearing.amount), Leg(meta[RETURN_TO], target.amount)),
-            kind="return", reference=credit.reference, links=credit.links, occurred_at_ms=credit.occurred_at_ms,
-        )
-        self._send_command(back, routing.routing_key_for(meta[RETURN_TO]), int(meta[RETURN_PARTITION]))
-
     def _forward(self, command: core.Command, home: int) -> None:
         """A command sent to the wrong partition goes, unchanged, to the one that owns its account."""
-        account = getattr(command, "account_id", None) or next(
-            l.account_id for l in command.legs if l.amount < 0 and self._home(l.account_id) == home)
+        account = getattr(command, "account_id", None) or placement.account_in(
+            [(leg.account_id, leg.amount) for leg in command.legs], home, self._home)
         self._send_command(command, routing.routing_key_for(account), home)
 
     def _send_command(self, command: core.Command, key: str, partition: int) -> None:
@@ -775,18 +725,11 @@ class PartitionProcessor:
         self.outputs.append(output)
 
     # Execution and outputs ---------------------------------------------------------------------------------
-    def _execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None,
-                 notice: str | None = None) -> Result:
+    def _execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None) -> Result:
         """Decide and stage one command. as_sent: the command as the client sent it, before routing
-        rewrote system accounts to their shards; its fingerprint is the one a retry is compared with.
-        notice: the participants' late_settlement for the credit side of a multi-partition transaction (the
-        core decided it where the holds live), put on its result if accepted."""
+        rewrote system accounts to their shards; its fingerprint is the one a retry is compared with."""
         fingerprint = (as_sent or command).fingerprint()
         result, changes = core.execute(self.state, command, self.currencies, fingerprint)
-        if notice is not None and result.accepted and changes.processed is not None:
-            result = dataclasses.replace(result, notice=notice, detail="a hold it captures had ended: settled late")
-            changes = dataclasses.replace(changes, processed=(changes.processed[0],
-                                                              core.Processed(changes.processed[1].fingerprint, result)))
         if changes.processed is None:  # duplicate or conflict found by the core itself
             self._emit_result(result_to_wire(result, command.at_ms, None, []))
             return result
@@ -871,7 +814,7 @@ class PartitionProcessor:
         wire = rejection_to_wire(command.command_id, command.client_id, command.at_ms, reason, limits.clip(detail))
         self.commit_change(command.client_id, command.command_id, command.fingerprint(), self._offset, wire)
         if isinstance(command, core.PostTransaction) and command.client_id != ENGINE_CLIENT and \
-                dict(command.metadata).get(routing.PLACED) == routing.PLACED_VALUE:
+                placement.is_placed(command.metadata):
             self.spanning.cancel_copies(command)
 
     def _dead_letter(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,

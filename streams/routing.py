@@ -14,10 +14,6 @@ SYSTEM_PREFIX = "sys:"
 # client_id of the commands the ledger issues itself (expiries, shard opening, cross-partition steps).
 ENGINE_CLIENT = "ledger"
 SHARD_MARK = "@"
-# Metadata of a transaction whose producer placed it in every partition it debits (placements() below), so
-# each of them reserves at the producer's own position: per-producer order across partitions (P10).
-PLACED = "ledger.placed"
-PLACED_VALUE = "every-debit-partition"
 
 
 def murmur2(data: bytes) -> int:
@@ -85,26 +81,3 @@ def partition_of_account(account_id: str, partitions: int) -> int:
     """Partition of an ordinary account (system accounts have a shard in every partition)."""
     assert not is_system(account_id), account_id
     return partition_for_key(routing_key_for(account_id), partitions)
-
-
-def placements(record: dict, routing_account: str, partitions: int) -> tuple[dict, list[int]]:
-    """Where a producer writes a command record, in order, and the record to write there (the same bytes
-    everywhere). A transaction whose debits live in several partitions goes to its coordinator (the first
-    debit leg's ordinary account) and a copy to each other partition it debits, marked PLACED in its
-    metadata, so every partition it touches decides it at the producer's own position (docs/engine.md,
-    "Order across partitions"). Any other command: the partition of its routing account."""
-    home = partition_for_key(routing_key_for(unsharded(routing_account)), partitions)
-    name, body = record["body"]
-    if name != "ledger.PostTransaction":
-        return record, [home]
-    debits = []
-    for leg in body.get("legs") or ():
-        account = leg.get("account_id")
-        amount = str(leg.get("amount") or "")
-        if isinstance(account, str) and amount.startswith("-") and not is_system(account):
-            debits.append(partition_of_account(account, partitions))
-    homes = list(dict.fromkeys(debits))
-    if len(homes) < 2:
-        return record, [home]
-    metadata = {**(body.get("metadata") or {}), PLACED: PLACED_VALUE}
-    return {**record, "body": (name, {**body, "metadata": metadata})}, homes

@@ -1,7 +1,7 @@
-"""Transactions whose debits live in several partitions: reserve everywhere, then commit or release.
+"""Transactions whose legs live in several partitions: reserve everywhere, then commit or release.
 
-The coordinator is the partition of the first debit leg's ordinary account; the participants are the
-partitions that hold debit legs (the coordinator may be one). Every step is a command on the commands
+Where each leg lives, which partition coordinates and which take part is streams/placement.py's rule (the
+coordinator is one of the participants, and takes the legs on system accounts). Every step is a command on the commands
 topic with a deterministic id derived from the transaction's key T = ``client_id/command_id``, and every
 step's state is an engine record written in the same StateChange as its effects, so a crash or redelivery
 anywhere repeats a step harmlessly (the inbox answers it) and in-flight state is durable and visible.
@@ -9,20 +9,23 @@ anywhere repeats a step harmlessly (the inbox answers it) and in-flight state is
 1. begin (coordinator): record ``c/T`` (transaction, participants, votes) and send Reserve to each.
 2. Reserve (participant): for each account with plain debits, an internal hold ``~T~<account>`` of their
    sum (a core PlaceHold: every funds, status and overdraft rule applies); for each debit that captures a
-   client hold, a lock on that amount of the hold (open, not expired, enough unlocked remainder). All or
-   nothing: on a failure the internal holds already placed are released. Record ``r/T``; Vote back.
-3. Vote (coordinator): when every vote is in and all reserved, post the transaction's credit side under
-   its own id (clearing -> credit legs; credits in other partitions through clearing follow-ups); its
-   result is the transaction's result. Then Decide(commit) to every participant, or Decide(abort) when a
-   vote failed (the result names the failure with the highest precedence) or the credits were refused.
-4. Decide (participant): commit = one transaction ``T~commit~<p>`` capturing the internal holds and the
-   locked amounts into the local clearing shard, judged at the reservation's time (a lock keeps the hold
-   from expiring meanwhile); abort = release the internal holds. Locks are dropped either way.
+   client hold, a lock on that amount of the hold (open, not expired, enough unlocked remainder); each
+   credit is judged by the core as it will post (from the clearing shard, on top of the credits other
+   transactions in flight reserved on the account: ``n/<account>``). All or nothing: on a failure the
+   internal holds already placed are released. Record ``r/T``; Vote back with the most urgent failure.
+3. Vote (coordinator): when every vote is in, the transaction is decided: accepted when every participant
+   reserved, else rejected with the failure of the highest precedence. That result is the sender's answer
+   and it is final: the same answer, for the same reason, as if every account lived in one partition.
+   Then Decide(commit) or Decide(abort) to every participant that reserved.
+4. Decide (participant): commit = one transaction ``T~commit~<p>``, under the transaction's own id, posting
+   this partition's legs (captured internal holds and locked amounts, credits, and at the coordinator the
+   legs on system accounts) against the local clearing shard, judged at the reservation's time (what was
+   reserved cannot be refused); abort = release the internal holds. Locks are dropped either way.
 
 Until step 4 the money stays where it was, reserved: no leg of the transaction posts anywhere unless every
-partition has reserved its debits (P6), and clearing sums to zero once every step has run.
-While a hold is locked it cannot be released or expired, and captures may only take its unlocked rest;
-an account with reservations cannot be frozen or closed (``in_flight``: retry after the decision).
+partition has reserved its legs (P6), and clearing sums to zero once every step has run.
+While a hold is locked it cannot be released or expired, and captures may only take its unlocked rest; a
+release, expiry, freeze or close of what a reservation holds waits for the decision (see ``waits``).
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import json
 
-from streams import core, limits, routing
+from streams import core, limits, placement, routing
 from streams.core import HoldStatus, Leg, Rejection, settlement
 from streams.routing import ENGINE_CLIENT
 from streams.wire import command_from_wire, command_to_wire, rejection_to_wire
@@ -68,6 +71,9 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+LATE_DETAIL = "a hold it captures had ended: settled late"
+
+
 def _accepted(command_id: str, at_ms: int, detail: str = "") -> dict[str, Any]:
     return {"command_id": command_id, "client_id": ENGINE_CLIENT, "outcome": "accepted", "reason": None,
             "detail": detail, "duplicate": False, "transaction_id": None, "at_ms": at_ms, "holds": []}
@@ -89,10 +95,14 @@ class Spanning:
     def locked(self, hold_id: str) -> bool:
         return bool(self.state.record(f"l/{hold_id}"))
 
-    def spans(self, tx: core.PostTransaction) -> bool:
-        """Whether the transaction's debits live in several partitions (the two-phase path)."""
-        homes = {self.proc._home(leg.account_id) for leg in tx.legs if leg.amount < 0} - {None}
-        return len(homes) > 1
+    def plan(self, tx: core.PostTransaction) -> placement.Plan:
+        """Where the transaction's legs live and who coordinates (streams/placement.py)."""
+        return placement.plan([(leg.account_id, leg.amount) for leg in tx.legs], self.proc._home)
+
+    def _key_in(self, tx: core.PostTransaction, partition: int) -> str:
+        """The routing key of a step sent to `partition`: one of the transaction's accounts there."""
+        return routing.routing_key_for(
+            placement.account_in([(leg.account_id, leg.amount) for leg in tx.legs], partition, self.proc._home))
 
     def under_way(self, command: core.Command) -> bool:
         """A client's transaction this partition coordinates and has begun, not yet decided: a retry of it
@@ -115,7 +125,7 @@ class Spanning:
         if isinstance(command, core.PlaceHold) and command.hold_id.startswith(INTERNAL_HOLD_MARK):
             return Rejection.INVALID_COMMAND, f"hold ids starting with {INTERNAL_HOLD_MARK} are internal to the ledger"
         if isinstance(command, core.PostTransaction):
-            spanning = self.spans(command)
+            spanning = self.plan(command).spans
             drawn: dict[str, int] = defaultdict(int)
             for leg in command.legs:
                 if leg.hold_id is not None:
@@ -162,23 +172,25 @@ class Spanning:
                                records=[(f"c/{key}", pending)])
             return
         refusal = self._unbalanced(tx)
-        if refusal is not None:
+        if refusal is not None and refusal[0] is Rejection.INVALID_COMMAND:
             proc._reject_command(tx, *refusal)
             return
-        participants = sorted({proc._home(l.account_id) for l in tx.legs if l.amount < 0} - {None})
+        participants = list(self.plan(tx).participants)
         record = {"tx": command_to_wire(tx)["body"][1], "at_ms": tx.at_ms, "participants": participants,
-                  "votes": {}, "retries": 0, "offset": offset, "fingerprint": tx.fingerprint()}
+                  "votes": {}, "retries": 0, "fingerprint": tx.fingerprint()}
         for p in participants:
-            account = next(l.account_id for l in tx.legs if l.amount < 0 and proc._home(l.account_id) == p)
             body = {"transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
                     "coordinator_partition": proc.partition, "transaction": record["tx"]}
             if p != proc.partition:
-                self._send(key, "Reserve", p, routing.routing_key_for(account), tx.at_ms, body)
+                self._send(key, "Reserve", p, self._key_in(tx, p), tx.at_ms, body)
             elif self.state.change_record(ENGINE_CLIENT, f"{key}~reserve~{p}") is None:
                 # Its own debits are reserved here and now, at the command's position (P10); before the begin
                 # record, so a crash between the two leaves a prefix a redo completes (the begin record makes
                 # a redelivery a retry).
-                self._reserve(key, f"{key}~reserve~{p}", _fingerprint("Reserve", body), body, offset, tx.at_ms)
+                # A refusal of the whole (unbalanced) is this partition's vote, weighed with the others' as
+                # one partition weighs its stages: an unknown account elsewhere is the more urgent reason.
+                self._reserve(key, f"{key}~reserve~{p}", _fingerprint("Reserve", body), body, offset, tx.at_ms,
+                              refusal)
         proc.commit_change(ENGINE_CLIENT, f"{key}~begin", "", offset,
                            _accepted(f"{key}~begin", tx.at_ms, f"reserving in partitions {participants}"),
                            records=[(f"c/{key}", record)])
@@ -187,13 +199,14 @@ class Spanning:
         """The coordinator refused a transaction its producer placed in several partitions: the copies'
         reservations are released at once (an abort), not after COPY_WAIT_MS."""
         proc = self.proc
-        if proc.partition != next((proc._home(l.account_id) for l in tx.legs
-                                   if l.amount < 0 and proc._home(l.account_id) is not None), None):
+        where = self.plan(tx)
+        if proc.partition != where.coordinator:
             return
         key = f"{tx.client_id}/{tx.command_id}"
-        for p in sorted({proc._home(l.account_id) for l in tx.legs if l.amount < 0} - {None, proc.partition}):
-            account = next(l.account_id for l in tx.legs if l.amount < 0 and proc._home(l.account_id) == p)
-            self._send(key, "Decide", p, routing.routing_key_for(account), tx.at_ms, {
+        for p in where.participants:
+            if p == proc.partition:
+                continue
+            self._send(key, "Decide", p, self._key_in(tx, p), tx.at_ms, {
                 "transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id, "commit": False})
 
     def _unbalanced(self, tx: core.PostTransaction) -> tuple[Rejection, str] | None:
@@ -216,6 +229,13 @@ class Spanning:
         if off:
             return Rejection.UNBALANCED, "legs do not sum to zero in " + ", ".join(
                 f"{c} ({total:+d})" for c, total in sorted(off.items()))
+        # Each participant posts its legs and one clearing leg per currency in one transaction (step 4).
+        where = self.plan(tx)
+        for p in where.participants:
+            legs = where.legs_in(p)
+            if len(legs) + len(sums) > core.MAX_LEGS:
+                return (Rejection.INVALID_COMMAND, f"{len(legs)} legs in partition {p} and {len(sums)} currencies: "
+                                                   f"more than {core.MAX_LEGS} legs to post there")
         return None
 
     def _currency(self, leg: Leg) -> str | None:
@@ -244,7 +264,8 @@ class Spanning:
         step = {"Reserve": self._reserve, "Vote": self._vote, "Decide": self._decide}[kind]
         step(key, command_id, fingerprint, body, offset, at_ms)
 
-    def _reserve(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
+    def _reserve(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int,
+                 refusal: tuple[Rejection, str] | None = None) -> None:
         proc, state = self.proc, self.state
         tx = self._transaction(body, at_ms)
         copy_id = f"{key}~copy~{proc.partition}"
@@ -263,14 +284,14 @@ class Spanning:
             if copied and copied["outcome"] == "rejected":  # the copy could not reserve: that is the vote
                 failure = Rejection.from_code(copied["reason"]), copied["detail"]
             else:
-                failure, records = self._lock_debits(key, tx, offset, at_ms, copy=False)
+                failure, records = self._reserve_share(key, tx, offset, at_ms, copy=False, refusal=refusal)
         reason, detail = (None, self._late_note(tx)) if failure is None else \
             (failure[0].code, limits.clip(failure[1], VOTE_DETAIL_CHARS))
         wire = _accepted(command_id, at_ms) if failure is None else \
             rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, failure[0], failure[1])
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records)
-        coordinator_account = next(l.account_id for l in tx.legs if l.amount < 0 and not routing.is_system(l.account_id))
-        self._send(key, "Vote", body["coordinator_partition"], routing.routing_key_for(coordinator_account), at_ms, {
+        coordinator = body["coordinator_partition"]
+        self._send(key, "Vote", coordinator, self._key_in(tx, coordinator), at_ms, {
             "transaction_client_id": body["transaction_client_id"],
             "transaction_command_id": body["transaction_command_id"],
             "participant": proc.partition, "reason": reason, "detail": detail})
@@ -286,81 +307,118 @@ class Spanning:
                     return settlement.LATE_SETTLEMENT
         return ""
 
-    def _lock_debits(self, key: str, tx: core.PostTransaction, offset: int, at_ms: int,
-                     copy: bool) -> tuple[tuple[Rejection, str] | None, list[tuple[str, Any]]]:
-        """Reserve this partition's debits of tx (all or nothing). Returns (failure, engine records to write);
-        on success the last record is the reservation ``r/<key>``."""
+    def _reserve_share(self, key: str, tx: core.PostTransaction, offset: int, at_ms: int, copy: bool,
+                       refusal: tuple[Rejection, str] | None = None
+                       ) -> tuple[tuple[Rejection, str] | None, list[tuple[str, Any]]]:
+        """Reserve this partition's legs of tx (all or nothing). Returns (the most urgent failure, engine
+        records to write); on success the last record is the reservation ``r/<key>``. refusal: a failure of
+        the whole transaction the coordinator found, weighed with this partition's own."""
         proc, state = self.proc, self.state
-        mine = [leg for leg in tx.legs if leg.amount < 0 and proc._home(leg.account_id) == proc.partition]
-        failure: tuple[Rejection, str] | None = None
+        where = self.plan(tx)
+        mine = [tx.legs[i] for i in where.legs_in(proc.partition) if not routing.is_system(tx.legs[i].account_id)]
         terms = settlement.terms_of(tx.metadata)
         if type(terms) is str:
             return (Rejection.INVALID_COMMAND, terms), []
+        failures: list[tuple[Rejection, str]] = []
         locks: dict[str, list] = {}  # hold id -> [account, amount]
         taken: dict[str, int] = defaultdict(int)  # hold id -> what this transaction captures of it here
         for leg in mine:
             if leg.hold_id is not None:
                 taken[leg.hold_id] -= leg.amount
         plain: dict[str, int] = {}
+        credits: dict[str, int] = {}
         for leg in mine:
             account = state.account(leg.account_id)
             if account is None:
-                failure = Rejection.UNKNOWN_ACCOUNT, f"account {leg.account_id} does not exist"
+                failures.append((Rejection.UNKNOWN_ACCOUNT, f"account {leg.account_id} does not exist"))
             elif (self._currency(leg) or account.currency) != account.currency:
-                # The coordinator counted this debit in its stated currency (see _unbalanced).
-                failure = Rejection.CURRENCY_MISMATCH, f"{leg.account_id} is in {account.currency}"
+                # The coordinator counted this leg in its stated currency (see _unbalanced).
+                failures.append((Rejection.CURRENCY_MISMATCH, f"{leg.account_id} is in {account.currency}"))
+            elif leg.amount > 0:
+                credits[leg.account_id] = credits.get(leg.account_id, 0) + leg.amount
             elif leg.hold_id is None:
                 plain[leg.account_id] = plain.get(leg.account_id, 0) - leg.amount
-                continue
             else:
                 failure = self._lockable(leg, locks, at_ms, terms, taken)
-            if failure is not None:
-                break
-        placed: list[list] = []  # [internal hold id, account, amount]
-        if failure is None:
-            failure = self._over_budget(key, list(plain) + [a for a, _ in locks.values()], locks)
+                if failure is not None:
+                    failures.append(failure)
         tag = "~copy" if copy else ""
-        if failure is None:
-            for account_id, amount in plain.items():
-                hold_id = f"{INTERNAL_HOLD_MARK}{key}{tag}~{account_id}"
-                result = proc._execute(core.PlaceHold(command_id=f"{key}{tag}~hold~{account_id}",
-                                                      client_id=ENGINE_CLIENT, at_ms=at_ms, hold_id=hold_id,
-                                                      account_id=account_id, amount=amount), offset)
-                if result.outcome != "accepted":
-                    failure = result.reason, result.detail
-                    break
-                placed.append([hold_id, account_id, amount])
+        holds = {account_id: core.PlaceHold(command_id=f"{key}{tag}~hold~{account_id}", client_id=ENGINE_CLIENT,
+                                            at_ms=at_ms, hold_id=f"{INTERNAL_HOLD_MARK}{key}{tag}~{account_id}",
+                                            account_id=account_id, amount=amount)
+                 for account_id, amount in plain.items()}
+        if not failures:  # every leg judged, so the most urgent reason is the answer, as in one partition
+            for hold in holds.values():
+                judged = core.decide(state, hold, proc.currencies)
+                if judged.outcome != "accepted":
+                    failures.append((judged.reason, judged.detail))
+            failures += self._credit_failures(key, tx, credits, offset, at_ms)
+        if refusal is not None:
+            failures.append(refusal)
+        if not failures:
+            budget = self._over_budget(key, list(plain) + [a for a, _ in locks.values()] + list(credits), locks,
+                                       credits)
+            failures = [] if budget is None else [budget]
+        if failures:
+            return min(failures), []
+        placed: list[list] = []  # [internal hold id, account, amount]
+        for account_id, hold in holds.items():
+            result = proc._execute(hold, offset)
+            if result.outcome != "accepted":  # judged above: only a repeated id could get here
+                for hold_id, account_id, _ in placed:
+                    self._release(key, hold_id, account_id, offset, at_ms, tag)
+                return (result.reason, result.detail), []
+            placed.append([hold.hold_id, account_id, hold.amount])
         records: list[tuple[str, Any]] = []
-        if failure is not None:
-            for hold_id, account_id, _ in placed:
-                self._release(key, hold_id, account_id, offset, at_ms, tag)
-            return failure, []
         for hold_id, (account_id, amount) in locks.items():
             current = state.record(f"l/{hold_id}") or {}
             records.append((f"l/{hold_id}", {**current, key: amount}))
-        for account_id in dict.fromkeys([a for _, a, _ in placed] + [a for a, _ in locks.values()]):
+        for account_id, amount in credits.items():
+            current = state.record(f"n/{account_id}") or {}
+            records.append((f"n/{account_id}", {**current, key: amount}))
+        for account_id in dict.fromkeys([a for _, a, _ in placed] + [a for a, _ in locks.values()] + list(credits)):
             current = state.record(f"k/{account_id}") or []
             records.append((f"k/{account_id}", [*current, key]))
         records.append((f"r/{key}", {"holds": placed, "locks": [[h, a, n] for h, (a, n) in locks.items()],
+                                     "credits": [[a, n] for a, n in credits.items()],
                                      "at_ms": at_ms, "tx": command_to_wire(tx)["body"][1], "tag": tag,
                                      "copy": tx.fingerprint() if copy else None}))
         return None, records
 
+    def _credit_failures(self, key: str, tx: core.PostTransaction, credits: dict[str, int], offset: int,
+                         at_ms: int) -> list[tuple[Rejection, str]]:
+        """Each credit judged by the core as it will post at commit: from this partition's clearing shard, on
+        top of what transactions in flight have reserved on the account already (so their commits together
+        still fit its limits; a client's own credit to a capped account waits meanwhile, see waits)."""
+        proc, failures = self.proc, []
+        for account_id, amount in credits.items():
+            account = self.state.account(account_id)
+            clearing = CLEARING_PREFIX + account.currency
+            if proc.currencies.get(account.currency) is None:  # unregistered since the account was opened
+                failures.append((Rejection.UNKNOWN_CURRENCY, f"currency {account.currency} is not registered"))
+                continue
+            proc._open_shards([clearing], tx, offset)
+            total = amount + sum((self.state.record(f"n/{account_id}") or {}).values())
+            probe = core.PostTransaction(command_id=f"{key}~credit~{account_id}", client_id=ENGINE_CLIENT,
+                                         at_ms=at_ms, transaction_id=tx.transaction_id, kind=tx.kind,
+                                         legs=(Leg(routing.shard_of(clearing, proc.partition), -total),
+                                               Leg(account_id, total)))
+            result = core.decide(self.state, probe, proc.currencies)
+            if result.outcome != "accepted":
+                failures.append((result.reason, result.detail))
+        return failures
+
     # --- the producer's copies: reserve at the copy's own position (P10) ---------------------------------------
     def is_copy(self, tx: core.PostTransaction) -> bool:
-        """A transaction the producer placed in every partition it debits, arriving at a participant that is
+        """A transaction the producer placed in every partition it touches, arriving at a participant that is
         not its coordinator."""
-        if tx.client_id == ENGINE_CLIENT or dict(tx.metadata).get(routing.PLACED) != routing.PLACED_VALUE:
+        if tx.client_id == ENGINE_CLIENT or not placement.is_placed(tx.metadata):
             return False
-        proc = self.proc
-        debit_homes = [proc._home(l.account_id) for l in tx.legs if l.amount < 0]
-        homes = set(debit_homes) - {None}
-        if len(homes) < 2 or proc.partition not in homes:
-            return False
-        return next(h for h in debit_homes if h is not None) != proc.partition
+        where = self.plan(tx)
+        return where.spans and self.proc.partition in where.participants and where.coordinator != self.proc.partition
 
     def copy(self, tx: core.PostTransaction, offset: int) -> None:
-        """The producer's copy of a multi-partition transaction: this partition reserves its debits now, at
+        """The producer's copy of a multi-partition transaction: this partition reserves its legs now, at
         the position the producer gave it among its other commands, and votes with that reservation when
         the coordinator's Reserve arrives. The client's answer comes from the coordinator alone."""
         proc, state = self.proc, self.state
@@ -377,7 +435,7 @@ class Spanning:
             proc.commit_change(ENGINE_CLIENT, copy_id, tx.fingerprint(), offset,
                                _accepted(copy_id, tx.at_ms, "nothing to reserve"))
             return
-        failure, records = self._lock_debits(key, tx, offset, tx.at_ms, copy=True)
+        failure, records = self._reserve_share(key, tx, offset, tx.at_ms, copy=True)
         if failure is None:
             timeouts = state.record(COPY_TIMEOUTS) or []
             records.append((COPY_TIMEOUTS, [*timeouts, [tx.at_ms + COPY_WAIT_MS, key]]))
@@ -447,11 +505,7 @@ class Spanning:
             waiting = {k for entry in queue for k in entry["keys"]}
             if waiting.intersection(self._keys(command)):
                 return True
-        if isinstance(command, (core.ReleaseHold, core.ExpireHold)):
-            return not command.hold_id.startswith(INTERNAL_HOLD_MARK) and self.locked(command.hold_id)
-        if isinstance(command, (core.FreezeAccount, core.CloseAccount)):
-            return bool(self.state.record(f"k/{command.account_id}"))
-        return False
+        return self._blocked(command)
 
     def wait(self, command: core.Command, offset: int) -> None:
         """Queue the command; it is decided, at its own log time, once what it waits for is decided."""
@@ -504,14 +558,24 @@ class Spanning:
         proc.position = position
 
     def _blocked(self, command: core.Command) -> bool:
+        """What a reservation holds: a locked hold (release, expiry), an account with reservations (freeze,
+        close), and the headroom under a balance limit that reserved credits count on (another credit)."""
         if isinstance(command, (core.ReleaseHold, core.ExpireHold)):
-            return self.locked(command.hold_id)
+            return not command.hold_id.startswith(INTERNAL_HOLD_MARK) and self.locked(command.hold_id)
         if isinstance(command, (core.FreezeAccount, core.CloseAccount)):
             return bool(self.state.record(f"k/{command.account_id}"))
+        if isinstance(command, core.PostTransaction):
+            for leg in command.legs:
+                if leg.amount > 0 and self.state.record(f"n/{leg.account_id}"):
+                    account = self.state.account(leg.account_id)
+                    if account is not None and account.policy.max_balance is not None:
+                        return True
         return False
 
-    def _over_budget(self, key: str, accounts: list[str], locks: dict[str, list]) -> tuple[Rejection, str] | None:
-        """The in-flight records a reservation rewrites (one list per account, one map per locked hold) grow
+    def _over_budget(self, key: str, accounts: list[str], locks: dict[str, list],
+                     credits: dict[str, int]) -> tuple[Rejection, str] | None:
+        """The in-flight records a reservation rewrites (one list per account, one map per locked hold or
+        credited account) grow
         with the transactions in flight on them; past limits.IN_FLIGHT_RECORD_BYTES in total the reservation
         fails `in_flight` (retry once some are decided), so no redo record outgrows what Kafka accepts."""
         state, total = self.state, 0
@@ -519,6 +583,8 @@ class Spanning:
             total += len(json.dumps([*(state.record(f"k/{account_id}") or []), key]))
         for hold_id, (_, amount) in locks.items():
             total += len(json.dumps({**(state.record(f"l/{hold_id}") or {}), key: amount}))
+        for account_id, amount in credits.items():
+            total += len(json.dumps({**(state.record(f"n/{account_id}") or {}), key: amount}))
         if total > limits.IN_FLIGHT_RECORD_BYTES:
             return (Rejection.IN_FLIGHT, f"too many transactions in flight on these accounts ({total} bytes of "
                                          f"in-flight records, the limit is {limits.IN_FLIGHT_RECORD_BYTES})")
@@ -578,52 +644,21 @@ class Spanning:
             proc.commit_change(tx.client_id, tx.command_id, tx.fingerprint(), offset, wire)
             result_wire = wire
         else:
+            # Every participant reserved its legs: the commits cannot be refused, so this is the outcome.
             late = any(d == settlement.LATE_SETTLEMENT for r, d in pending["votes"].values() if r is None)
-            commit, result_wire = self._post_credits(tx, offset, at_ms, settlement.LATE_SETTLEMENT if late else None)
+            commit = True
+            result_wire = {"command_id": tx.command_id, "client_id": tx.client_id, "outcome": "accepted",
+                           "reason": settlement.LATE_SETTLEMENT if late else None,
+                           "detail": LATE_DETAIL if late else "", "duplicate": False,
+                           "transaction_id": tx.transaction_id, "at_ms": at_ms, "holds": []}
+            proc.commit_change(tx.client_id, tx.command_id, tx.fingerprint(), offset, result_wire)
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
                            records=[(f"c/{key}", None)])
         for _ in range(pending["retries"]):
             proc._emit_result({**result_wire, "duplicate": True})
         for p in sorted(reserved):
-            account = next(l.account_id for l in tx.legs if l.amount < 0 and proc._home(l.account_id) == p)
-            self._send(key, "Decide", p, routing.routing_key_for(account), at_ms, {
+            self._send(key, "Decide", p, self._key_in(tx, p), at_ms, {
                 "transaction_client_id": client_id, "transaction_command_id": tx_command_id, "commit": commit})
-
-    def _post_credits(self, tx: core.PostTransaction, offset: int, at_ms: int,
-                      notice: str | None = None) -> tuple[bool, dict]:
-        """The credit side, funded from the local clearing shard; returns (accepted, wire result). notice: what
-        the participants' votes said for the result of an acceptance (late_settlement)."""
-        proc = self.proc
-        credits = [leg for leg in tx.legs if leg.amount > 0]
-        totals: dict[str, int] = defaultdict(int)
-        local: list[Leg] = []
-        remote: list[tuple[Leg, int, str]] = []
-        for leg in credits:
-            home = proc._home(leg.account_id)
-            account = proc.state.account(leg.account_id) if home == proc.partition else None
-            currency = account.currency if account is not None else self._currency(leg)
-            if currency is None:
-                currency = leg.currency or routing.system_currency(leg.account_id)
-            totals[currency] += leg.amount
-            if home is None or home == proc.partition:
-                local.append(replace(leg, account_id=proc._local(leg.account_id)))
-            else:
-                remote.append((leg, home, currency))
-                local.append(Leg(routing.shard_of(f"sys:clearing:{currency}", proc.partition), leg.amount))
-        system = [f"sys:clearing:{c}" for c in totals] + [l.account_id for l in credits if routing.is_system(l.account_id)]
-        if not proc._open_shards(system, tx, offset):
-            return False, rejection_to_wire(tx.command_id, tx.client_id, at_ms, Rejection.UNKNOWN_CURRENCY, "")
-        funding = [Leg(routing.shard_of(f"sys:clearing:{c}", proc.partition), -total) for c, total in totals.items()]
-        result = proc._execute(replace(tx, at_ms=at_ms, legs=tuple(funding + local)), offset, tx, notice=notice)
-        wire = {"command_id": tx.command_id, "client_id": tx.client_id, "outcome": result.outcome,
-                "reason": result.notice if result.reason is None else result.reason.code, "detail": result.detail,
-                "duplicate": False, "transaction_id": tx.transaction_id if result.outcome == "accepted" else None,
-                "at_ms": at_ms, "holds": []}
-        if result.outcome != "accepted":
-            return False, wire
-        for index, (leg, home, currency) in enumerate(remote):
-            proc._send_credit(tx, index, leg, home, currency)
-        return True, wire
 
     def _decide(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
         proc, state = self.proc, self.state
@@ -649,7 +684,12 @@ class Spanning:
         for hold_id, _, _ in reservation["locks"]:
             rest = {k: v for k, v in (state.record(f"l/{hold_id}") or {}).items() if k != key}
             records.append((f"l/{hold_id}", rest or None))
-        accounts = dict.fromkeys([a for _, a, _ in reservation["holds"]] + [a for _, a, _ in reservation["locks"]])
+        credits = reservation.get("credits", [])
+        for account_id, _ in credits:
+            rest = {k: v for k, v in (state.record(f"n/{account_id}") or {}).items() if k != key}
+            records.append((f"n/{account_id}", rest or None))
+        accounts = dict.fromkeys([a for _, a, _ in reservation["holds"]] + [a for _, a, _ in reservation["locks"]]
+                                 + [a for a, _ in credits])
         for account_id in accounts:
             rest = [k for k in (state.record(f"k/{account_id}") or []) if k != key]
             records.append((f"k/{account_id}", rest or None))
@@ -663,25 +703,33 @@ class Spanning:
                 heapq.heappush(state.expiries, (hold.expires_at_ms, hold_id))
 
     def _commit(self, key: str, reservation: dict, offset: int) -> None:
+        """This partition's legs post, under the transaction's own id, against the local clearing shard."""
         proc = self.proc
         client_id, tx_command_id = key.split("/", 1)
         original = self._transaction({"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
                                       "transaction": reservation["tx"]}, reservation["at_ms"])
         legs = [Leg(a, -n, h) for h, a, n in reservation["holds"]] + [Leg(a, -n, h) for h, a, n in reservation["locks"]]
+        legs += [Leg(a, n) for a, n in reservation.get("credits", [])]
+        system = [leg for leg in original.legs if routing.is_system(leg.account_id)] \
+            if self.plan(original).coordinator == proc.partition else []
         totals: dict[str, int] = defaultdict(int)
         for leg in legs:
-            totals[proc.state.account(leg.account_id).currency] -= leg.amount
-        clearing = [Leg(routing.shard_of(f"sys:clearing:{c}", proc.partition), n) for c, n in totals.items()]
+            totals[proc.state.account(leg.account_id).currency] += leg.amount
+        for leg in system:
+            totals[routing.system_currency(leg.account_id)] += leg.amount
+        legs += [Leg(proc._local(leg.account_id), leg.amount) for leg in system]
+        clearing = [Leg(routing.shard_of(f"{CLEARING_PREFIX}{c}", proc.partition), -n) for c, n in totals.items() if n]
         commit_id = f"{key}~commit~{proc.partition}"
-        proc._open_shards([f"sys:clearing:{c}" for c in totals], original, offset)
-        # Judged at the reservation's time: what was reserved then is captured now, whatever the clock says.
+        proc._open_shards([f"{CLEARING_PREFIX}{c}" for c in totals] + [leg.account_id for leg in system], original,
+                          offset)
+        # Judged at the reservation's time: what was reserved then is posted now, whatever the clock says.
         command = core.PostTransaction(command_id=commit_id, client_id=ENGINE_CLIENT, at_ms=reservation["at_ms"],
-                                       transaction_id=commit_id, legs=tuple(legs + clearing), kind=original.kind,
-                                       reference=original.transaction_id, links=(original.transaction_id,),
+                                       transaction_id=original.transaction_id, legs=tuple(legs + clearing),
+                                       kind=original.kind, reference=original.reference, links=original.links,
                                        occurred_at_ms=original.occurred_at_ms,
                                        metadata=settlement.carried(original.metadata))
         result = proc._execute(command, offset)
-        assert result.outcome == "accepted", f"reserved debits refused at commit: {result}"
+        assert result.outcome == "accepted", f"reserved legs refused at commit: {result}"
 
     def _release(self, key: str, hold_id: str, account_id: str, offset: int, at_ms: int, tag: str = "") -> None:
         self.proc._execute(core.ReleaseHold(command_id=f"{key}{tag}~release~{account_id}", client_id=ENGINE_CLIENT,

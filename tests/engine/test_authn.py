@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from schemas.codec import codec
-from streams import routing
+from streams import placement, routing
 from streams.authn import CLIENT_HEADER, SIGNATURE_HEADER, Clients, Signer
 from streams.config import ConfigError
 from streams.seal import DEVELOPMENT
@@ -200,7 +200,7 @@ def test_the_engines_follow_ups_are_not_judged_again_and_a_refused_transaction_r
     assert results(bus, "misrouted")[0][:2] == ("accepted", None)
     assert bus.account(A) == (65, 0) and bus.account(far) == (135, 0)
     placed = C.decode("command", wallet_tx("both", (A, -1), (far, -1), ("sys:fees:USD", -1), ("sys:world:USD", 3)))
-    record, partitions = routing.placements(placed, A, N)
+    record, partitions = placement.placements(placed, A, N)
     assert len(partitions) == 2
     encoded = C.encode("command", record)
     for p in partitions:

@@ -178,11 +178,10 @@ def test_a_close_right_after_an_accepted_cross_partition_trade_releases_exactly_
     client.close()
 
 
-def test_a_payment_to_a_closed_or_unknown_account_elsewhere_comes_back_to_the_payer(settings, start_worker):
-    """What the sender gets today: accepted (the payer's partition cannot see the payee), and the credit is
-    returned from clearing to the payer by the payee's partition. DESIGN.md P10 wants the sender told
-    "returned" with the reason; that part is not built, so only the money coming back is asserted here
-    (tests/engine/test_differential.py keeps the difference in the answer as a strict xfail)."""
+def test_a_payment_to_a_closed_or_unknown_account_elsewhere_is_refused_as_in_one_partition(settings, start_worker):
+    """The sender's answer is the final outcome wherever the accounts live: a payment the payee's partition
+    cannot credit is rejected, once, with the reason one partition gives (account_closed, unknown_account),
+    and nothing moves; a payment that can land is accepted once and every leg posts (clearing back to 0)."""
     start_worker()
     client = LedgerClient(settings, "payments")
     n = settings.partitions
@@ -190,21 +189,25 @@ def test_a_payment_to_a_closed_or_unknown_account_elsewhere_comes_back_to_the_pa
     payer = f"user:{names[0]}:USD"
     others = [f"user:{x}:USD" for x in names[1:]
               if routing.partition_of_account(f"user:{x}:USD", n) != routing.partition_of_account(payer, n)]
-    closed, unknown = others[0], others[1]
-    ids = [client.open_account(payer, "USD"), client.open_account(closed, "USD")]
+    closed, unknown, payee = others[0], others[1], others[2]
+    ids = [client.open_account(payer, "USD"), client.open_account(closed, "USD"), client.open_account(payee, "USD")]
     assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
     ids = [client.post("dep", [Leg("sys:world:USD", -10_000), Leg(payer, 10_000)]),
            client.account_command("CloseAccount", closed)]
     assert all(r["outcome"] == "accepted" for r in client.wait(ids, timeout_s=120).values())
-    paid = [client.post("to-closed", [Leg(payer, -3_000), Leg(closed, 3_000)]),
-            client.post("to-unknown", [Leg(payer, -2_000), Leg(unknown, 2_000)])]
+    paid = {client.post("to-closed", [Leg(payer, -3_000), Leg(closed, 3_000)]): ("rejected", "account_closed"),
+            client.post("to-unknown", [Leg(payer, -2_000), Leg(unknown, 2_000)]): ("rejected", "unknown_account"),
+            client.post("to-open", [Leg(payer, -1_000), Leg(payee, 1_000)]): ("accepted", None)}
     answers = _every_answer(client, {i: 1 for i in paid})
-    for i in paid:  # today's answer (see the docstring): accepted, once
-        assert (_one_decision(answers[i])["outcome"]) == "accepted", answers[i]
+    for i, expected in paid.items():
+        decision = _one_decision(answers[i])
+        assert (decision["outcome"], decision["reason"]) == expected, answers[i]
     assert wait_quiescent(settings)
     balances = {a: r.value for a, r in latest_per_account(read_topic(settings, "balances")).items()}
-    assert balances[payer]["posted"] == "10000", balances[payer]  # both payments came back whole
-    assert balances[closed]["posted"] == "0" and unknown not in balances
+    assert (balances[payer]["posted"], balances[payer]["held"]) == ("9000", "0"), balances[payer]
+    assert balances[payee]["posted"] == "1000" and balances[closed]["posted"] == "0" and unknown not in balances
+    clearing = [b for a, b in balances.items() if a.startswith("sys:clearing:USD")]
+    assert clearing and sum(int(b["posted"]) for b in clearing) == 0
     report = verify(settings)
     assert report.ok, format_report(report)
     client.close()

@@ -11,23 +11,18 @@ the same log times:
 - ``spanning``: the payer and the payee in one partition, plus a debit of a healthy, funded account in
   another partition and its credit to a fee account: debits in two partitions, so the reserve / vote /
   decide protocol of streams/spanning.py runs (placed as LedgerClient places it), on a seeded random order;
-- ``remote``: the plain two-leg transfer with the payee in another partition (credit through clearing).
+- ``remote``: the plain two-leg transfer with the payee in another partition (two phases: the payer's partition
+  coordinates, the payee's votes on the credit).
 
 Every path must give the same outcome and reason, and, when accepted, the same balances of the payer and
 the payee. The core itself is compared too: the fast path and the general rules on the same stored state.
 
-Known difference (DESIGN.md P10, "the same answer whatever the placement", not built yet): on the
-``remote`` path the payer's partition cannot see the payee, so a credit the payee's partition refuses
-(closed, unknown, over its max_balance, another currency) is accepted and its money returned to the payer
-afterwards. The property asserts what holds there today (accepted, and the payer's money comes back
-whole); ``test_a_refused_remote_credit_is_answered_as_in_one_partition`` keeps the difference as a strict
-xfail. Two more differences found here are kept as strict xfails: across partitions the debits' side is judged
-before the credit side, so a debit's reason beats a credit account's unknown_account
-(``test_reasons_across_partitions_...``); and a spanning transaction balanced overall but not per currency
-was accepted, leaving clearing unbalanced (``test_a_spanning_transaction_unbalanced_per_currency_...``: fixed,
-the coordinator checks double entry per currency before it reserves).
-The property models the first (the debits' side judged alone decides first) and skips the second (payees in
-another currency are left out of the spanning path).
+Every path must give the same outcome and reason; on the two-phase paths every participant judges its own
+legs and the coordinator answers with the most urgent failure, so a credit the payee's partition refuses
+(closed, unknown, over its max_balance) is refused for the sender as in one partition, and nothing moves. A
+spanning transaction balanced overall but not per currency is refused unbalanced before anything is
+reserved (``test_a_spanning_transaction_unbalanced_per_currency_...``); payees in another currency are left
+out of the spanning path of the property for that reason.
 """
 from __future__ import annotations
 
@@ -233,36 +228,28 @@ def test_every_path_gives_the_same_decision_and_reason(payer, payee, amount, see
     else:
         assert _posted(fast.payer, fast.payee) == _posted(fast.payer_before, fast.payee_before)
 
-    # Across partitions the debits' side is judged first (reservations, or the payer's own partition) and the
-    # credit side only once it passed: the payer's side judged alone, with a healthy payee of the same currency.
-    alone = _run("fast", payer, healthy(payee.currency), amount, random.Random(seed))
-    debits_first = alone if alone.outcome == "rejected" else fast
-
+    # Across partitions every participant judges its own legs and the coordinator answers with the most
+    # urgent failure: the same decision, for the same reason, as in one partition.
     if payee.currency == payer.currency:  # other currencies: test_a_spanning_transaction_unbalanced_per_currency...
         spanning = _run("spanning", payer, payee, amount, random.Random(seed))
-        assert (spanning.outcome, spanning.reason) == (debits_first.outcome, debits_first.reason)
-        if (spanning.outcome, spanning.reason) == (fast.outcome, fast.reason):
+        assert (spanning.outcome, spanning.reason) == (fast.outcome, fast.reason)
+        if fast.outcome == "accepted":
             assert (spanning.payer, spanning.payee) == (fast.payer, fast.payee)
-        else:  # a credit-side reason of lower value lost to the debits' (test_reasons_across_partitions...)
+        else:
             assert _posted(spanning.payer, spanning.payee) == _posted(spanning.payer_before, spanning.payee_before)
 
-    # The remote path: the payer's partition decides alone; the payee's applies the credit or returns it.
+    # The remote path: the payer's partition coordinates, the payee's votes on the credit.
     remote = _run("remote", payer, payee, amount, random.Random(seed))
     assert remote.payer_before == fast.payer_before
-    assert (remote.outcome, remote.reason) == (alone.outcome, alone.reason)
-    if (remote.outcome, remote.reason) == (fast.outcome, fast.reason):
+    assert (remote.outcome, remote.reason) == (fast.outcome, fast.reason)
+    if fast.outcome == "accepted":
         assert remote.payer == fast.payer
         if fast.payee is not None:
             assert remote.payee[0] - remote.payee_before[0] == fast.payee[0] - fast.payee_before[0]
-    else:  # (the strict xfails below) the money must come back to the payer whole; the payee is untouched
+    else:  # nothing moved, nothing stays held
         assert _posted(remote.payer, remote.payee) == _posted(remote.payer_before, remote.payee_before)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "P10 not built yet: a plain transfer whose payee lives in another partition is accepted by the payer's "
-    "partition and its credit returned later when the payee's partition refuses it (closed, unknown, over "
-    "max_balance); in one partition the sender is told account_closed / unknown_account / "
-    "balance_limit_exceeded. The sender of the remote transfer is told accepted."))
 @pytest.mark.parametrize("payee", [
     Side(True, "USD", False, 0, None, 0, (), "closed"),
     Side(False, "USD", False, 0, None, 0, (), "open"),
@@ -276,11 +263,6 @@ def test_a_refused_remote_credit_is_answered_as_in_one_partition(payee):
     assert (remote.outcome, remote.reason) == (fast.outcome, fast.reason)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "precedence across partitions: a multi-partition transaction (or a remote credit) judges the debits' side "
-    "first and the credit side only if every debit passed, so a debit's account_frozen (14), "
-    "insufficient_funds (12) or account_closed (15) is reported where one partition reports the credit "
-    "account's unknown_account (8). The transaction is refused either way; only the reason differs."))
 @pytest.mark.parametrize("path", ["spanning", "remote"])
 def test_reasons_across_partitions_follow_the_precedence_of_one_partition(path):
     payer = Side(True, "USD", False, 0, None, 100, (), "frozen")

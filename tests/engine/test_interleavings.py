@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from schemas.codec import codec
-from streams import routing
+from streams import placement, routing
 from tests.helpers.bus import Bus, Crash
 from tests.helpers.oracles import Oracles
 from tests.helpers.records import N, batch, command, open_account, tx
@@ -333,7 +333,7 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
     window: list[tuple[bytes, str]] = []
 
     # Half the runs send as LedgerClient does: a transaction with debits in several partitions also goes, as
-    # a copy, to each other partition it debits (routing.placements).
+    # a copy, to each other partition it debits (placement.placements).
     placing = rng.random() < 0.5
 
     def flush() -> None:
@@ -341,7 +341,7 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
         for value, account in window:
             partitions = [routing.partition_of_account(account, N)]
             if placing:
-                record, partitions = routing.placements(C.decode("command", value), account, N)
+                record, partitions = placement.placements(C.decode("command", value), account, N)
                 value = C.encode("command", record)
             for partition in partitions:
                 by_partition.setdefault(partition, []).append((value, account))

@@ -70,7 +70,8 @@ def test_restore_from_the_changelog_rebuilds_the_same_state():
     # A record delivered again (a paused worker writing late) is skipped, not applied twice.
     assert restored.restore(changelog, 2 * len(changelog)) == 0
     a = local_users(1)[0]
-    assert restored.state.account(a).posted == 1_000 - 100 - 50 - 10
+    # "far" credits another partition: reserved here (held), posted once that partition votes.
+    assert (restored.state.account(a).posted, restored.state.account(a).held) == (1_000 - 100 - 50, 10)
 
 
 def test_a_command_redone_after_restore_is_answered_from_the_inbox():
@@ -208,39 +209,47 @@ def _funded_pair(bus, amount: int = 1_000) -> tuple[str, str]:
     return payer, payee
 
 
-def test_a_credit_in_another_partition_lands_through_clearing():
+def test_a_payment_to_another_partition_posts_every_leg_under_its_own_id():
+    """The payer's partition reserves the debit, the payee's checks the credit; once both voted, each posts
+    its share under the transaction's own id, through its clearing shard, which ends at zero (P6)."""
     bus = Bus()
     payer, payee = _funded_pair(bus)
     bus.send(transfer("pay", (payer, -300), (payee, 300)), payer)
     bus.run()
     assert bus.result("pay")["outcome"] == "accepted"
-    credit = bus.result("t/pay~credit~0")
-    assert (credit["outcome"], credit["client_id"]) == ("accepted", routing.ENGINE_CLIENT)
     assert (bus.account(payer), bus.account(payee)) == ((700, 0), (300, 0))
-    legs = {(h["account_id"], int(h["amount"])) for h in bus.history if h["transaction_id"] == "t/pay~credit~0"}
-    assert legs == {(routing.shard_of("sys:clearing:USD", 1), -300), (payee, 300)}
+    legs = {(h["account_id"], int(h["amount"])) for h in bus.history if h["transaction_id"] == "pay"
+            and h["kind"] == "transfer"}
+    assert legs == {(payer, -300), (routing.shard_of("sys:clearing:USD", 0), 300),
+                    (routing.shard_of("sys:clearing:USD", 1), -300), (payee, 300)}
+    assert bus.account("sys:clearing:USD") == (0, 0)
     assert_books_balance(bus, ("USD",))
 
 
-def test_a_credit_that_cannot_land_comes_back_to_the_payer():
-    """The payee's partition refuses the credit (account closed): a return command moves the money from its
-    clearing shard back to the payer, in the payer's partition; clearing ends at zero (P6)."""
-    bus = Bus()
-    payer, payee = _funded_pair(bus)
-    bus.send(command("close", "CloseAccount", {"account_id": payee}), payee)
-    bus.send(transfer("pay", (payer, -300), (payee, 300)), payer)
-    bus.run()
-    assert bus.result("close")["outcome"] == "accepted"
-    assert bus.result("pay")["outcome"] == "accepted"  # the debit side posted where it was decided
-    assert bus.result("t/pay~credit~0")["reason"] == "account_closed"
-    back = bus.result("t/pay~credit~0~return")
-    assert back["outcome"] == "accepted"
-    returned = [(h["account_id"], int(h["amount"]), h["kind"]) for h in bus.history
-                if h["transaction_id"] == "t/pay~credit~0~return"]
-    assert sorted(returned) == sorted([(routing.shard_of("sys:clearing:USD", 0), -300, "return"),
-                                       (payer, 300, "return")])
-    assert (bus.account(payer), bus.account(payee)) == ((1_000, 0), (0, 0))
-    assert_books_balance(bus, ("USD",))
+@pytest.mark.parametrize("prepare, reason", [
+    ("close", "account_closed"), ("unknown", "unknown_account"), ("cap", "balance_limit_exceeded")])
+def test_a_credit_that_cannot_land_elsewhere_is_refused_as_it_would_be_in_one_partition(prepare, reason):
+    """The sender's answer is the final outcome: a payment the payee's partition cannot credit is rejected,
+    with the reason the same payment gets when both accounts live in one partition, and nothing moves."""
+    answers = []
+    for payee_partition in (0, 1):
+        bus = Bus()
+        payer = local_users(1, partition=0)[0]
+        payee = next(u for u in local_users(3, partition=payee_partition) if u != payer)
+        bus.send(open_account(payer), payer)
+        if prepare != "unknown":
+            bus.send(open_account(payee, max_balance=200 if prepare == "cap" else None), payee)
+        bus.send(transfer("dep", ("sys:world:USD", -1_000), (payer, 1_000)), payer)
+        if prepare == "close":
+            bus.send(command("close", "CloseAccount", {"account_id": payee}), payee)
+        bus.run()
+        bus.send(transfer("pay", (payer, -300), (payee, 300)), payer)
+        bus.run()
+        answers.append((bus.result("pay")["outcome"], bus.result("pay")["reason"]))
+        assert bus.account(payer) == (1_000, 0), "nothing moved, nothing stays held"
+        assert bus.account("sys:clearing:USD") == (0, 0)
+        assert_books_balance(bus, ("USD",))
+    assert answers == [("rejected", reason)] * 2
 
 
 @pytest.mark.parametrize("kind", ["transfer", "hold"])
@@ -359,9 +368,9 @@ def _trade_with(legs_change: dict[int, tuple]) -> list[tuple]:
                  "account_frozen", id="account-frozen"),
     pytest.param(lambda bus: None, {3: (SELLER_BTC, -20_000_001, "ask", None), 4: (BUYER_BTC, 19_980_001, None, "BTC")},
                  "capture_exceeds_hold", id="beyond-the-hold"),
-    # Stated in USDT, the BTC debit leaves both currencies unbalanced as the coordinator counts them: refused
-    # before anything is reserved (a mismatch that keeps every stated currency balanced: the test below).
-    pytest.param(lambda bus: None, {3: (SELLER_BTC, -20_000_000, "ask", "USDT")}, "unbalanced",
+    # Stated in USDT, the BTC debit leaves both currencies unbalanced as the coordinator counts them, and the
+    # seller's partition finds the leg's currency wrong: the more urgent reason wins, as in one partition.
+    pytest.param(lambda bus: None, {3: (SELLER_BTC, -20_000_000, "ask", "USDT")}, "currency_mismatch",
                  id="leg-currency"),
     pytest.param(lambda bus: None, {3: ("user:nobody:BTC", -20_000_000, None, None)}, "unknown_account",
                  id="unknown-account"),
@@ -510,20 +519,19 @@ def test_a_forwarded_transaction_is_keyed_by_its_debit_account_whatever_the_leg_
     assert (forwarded.partition, forwarded.key) == (2, routing.routing_key_for(payer).encode())
 
 
-def test_a_return_carries_the_original_reference_and_business_time():
+def test_every_share_of_a_multi_partition_transaction_carries_its_reference_and_business_time():
     bus = Bus()
     payer, payee = _funded_pair(bus)
-    bus.send(command("close", "CloseAccount", {"account_id": payee}), payee)
     bus.send(command("pay", "PostTransaction", {
         "transaction_id": "pay", "kind": "transfer", "reference": "invoice-7", "links": [], "metadata": {},
         "occurred_at_ms": 1_600_000_000_000, "rate_snapshot_id": None,
         "legs": [{"account_id": payer, "amount": "-300", "hold_id": None, "currency": None},
                  {"account_id": payee, "amount": "300", "hold_id": None, "currency": None}]}), payer)
     bus.run()
-    back = [h for h in bus.history if h["transaction_id"] == "t/pay~credit~0~return"]
-    assert len(back) == 2
-    assert {(h["reference"], h["occurred_at_ms"]) for h in back} == {("pay", 1_600_000_000_000)}
-    assert bus.account(payer) == (1_000, 0)
+    entries = [h for h in bus.history if h["transaction_id"] == "pay" and h["kind"] == "transfer"]
+    assert len(entries) == 4
+    assert {(h["reference"], h["occurred_at_ms"]) for h in entries} == {("invoice-7", 1_600_000_000_000)}
+    assert bus.account(payee) == (300, 0)
 
 
 def test_a_command_that_fails_part_way_leaves_the_batch_staged_before_it_intact():
@@ -562,4 +570,5 @@ def test_restore_skips_only_the_records_written_twice():
     restored = PartitionProcessor(0, N, MemoryStore())
     assert restored.restore(with_copy, len(with_copy)) == len(changelog)
     a = local_users(1)[0]
-    assert restored.state.account(a).posted == 1_000 - 100 - 50 - 10
+    # "far" credits another partition: reserved here (held), posted once that partition votes.
+    assert (restored.state.account(a).posted, restored.state.account(a).held) == (1_000 - 100 - 50, 10)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from schemas.codec import codec
-from streams import routing
+from streams import placement, routing
 from streams.engine import FOLLOW_UP_RECORD_BYTES, FOLLOW_UPS_PER_RECORD
 from streams.partition import Output, PartitionProcessor
 from streams.store import MemoryStore
@@ -112,11 +112,11 @@ class Bus:
         return partition
 
     def send_placed(self, value: bytes, account: str, at_ms: int | None = None) -> list[int]:
-        """As LedgerClient sends: a transaction whose debits live in several partitions goes to its
-        coordinator and, marked, to each other partition it debits, all at one send time
-        (streams.routing.placements). Returns the partitions written."""
+        """As LedgerClient sends: a transaction whose legs live in several partitions goes to its
+        coordinator and, marked, to each other partition it touches, all at one send time
+        (streams.placement.placements). Returns the partitions written."""
         record = C.decode("command", value)
-        placed, partitions = routing.placements(record, account, self.n)
+        placed, partitions = placement.placements(record, account, self.n)
         encoded = C.encode("command", placed)
         if at_ms is None:
             self.clock += 1

@@ -12,10 +12,11 @@ def command(command_id: str, body_name: str, body: dict, client: str = "t") -> b
     return C.encode("command", {"command_id": command_id, "client_id": client, "body": (f"ledger.{body_name}", body)})
 
 
-def open_account(account: str, currency: str = "USD", client: str = "t") -> bytes:
+def open_account(account: str, currency: str = "USD", client: str = "t", max_balance: int | None = None) -> bytes:
     return command(f"open:{account}", "OpenAccount", {"account_id": account, "currency": currency,
                                                      "allow_negative": False, "overdraft_limit": "0",
-                                                     "max_balance": None, "routing_key": None}, client)
+                                                     "max_balance": None if max_balance is None else str(max_balance),
+                                                     "routing_key": None}, client)
 
 
 def transfer(tx: str, *legs: tuple[str, int], hold: str | None = None) -> bytes:

@@ -298,7 +298,7 @@ def test_the_clean_run_satisfies_every_oracle_and_covers_what_they_judge():
     assert c["holds"] >= 4 and c["transactions"] >= 8
     assert report.sums == {"USD": 0, "USDT": 0, "BTC": 0}
     begun = {r.value["command_id"] for r in CLEAN.results if r.value["command_id"].endswith("~begin")}
-    assert begun == {"t/trade~begin", "t/split~begin"}, "the multi-partition debits did not run"
+    assert begun == {"t/trade~begin", "t/split~begin", "t/far~begin"}, "the multi-partition transactions did not run"
     assert any(r.value["reason"] == "id_conflict" for r in CLEAN.results)
     assert any(r.value["duplicate"] for r in CLEAN.results)
     assert any(r.index is not None for r in CLEAN.commands), "no CommandBatch"
@@ -392,15 +392,16 @@ def test_p4_an_accepted_transaction_missing_from_the_books():
     assert reported(report, "P4") == ["P4: command ('t', 't1') has 1 history entries, expected 2"]
 
 
-def test_p4_an_accepted_multi_partition_trade_counted_under_its_own_id():
-    """Its debits posted in their partitions under engine ids; under its own id: four credits (the seller's
-    through clearing) and one clearing leg per currency. One of them attributed to another command is missing."""
+def test_p4_an_accepted_multi_partition_trade_counted_under_its_commits():
+    """Each partition posted its share under an engine id (``t/trade~commit~<p>``), none under the trade's own
+    id. An entry of a share attributed to another command is missing."""
     broken = edit(CLEAN, "history",
-                  lambda v: v["command_id"] == "trade" and v["account_id"].startswith("sys:fees:BTC@"),
+                  lambda v: "t/trade~commit~" in v["command_id"] and v["account_id"].startswith("sys:fees:BTC@"),
                   lambda v: {**v, "command_id": "someone-else"})
     report = check(broken)
     assert oracles(report) == {"P4"}, report.violations
-    assert reported(report, "P4") == ["P4: command ('t', 'trade') has 5 history entries, expected 6"]
+    assert reported(report, "P4") == ["P4: command ('t', 'trade') has 0 history entries under its own id and 5 "
+                                      "under its commits, expected 0 and 6"]
 
 
 # P3: seq gapless and increasing, posted_after the fold ----------------------------------------------------------
