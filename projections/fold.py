@@ -217,12 +217,12 @@ def in_clearing(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 
 def transaction_status(entries: list[Mapping[str, Any]], results: list[Mapping[str, Any]]) -> str:
-    """posted, in_flight (money still in clearing), returned (a credit could not apply and the money went back
-    to the payer), rejected, or pending (no leg and no rejection yet), from the transaction's history entries
-    and the results under its id (engine steps included)."""
-    if not any(e["amount"] != "0" for e in entries):
-        rejected = any(r["client_id"] != routing.ENGINE_CLIENT and r["outcome"] == "rejected" for r in results)
-        return "rejected" if rejected else "pending"
-    if any(r["command_id"].endswith("~return") for r in results):
-        return "returned"
-    return "in_flight" if any(in_clearing(entries).values()) else "posted"
+    """posted (every leg posted), in_flight (accepted, and a partition's share not posted yet: money still in
+    clearing), rejected, or pending (not decided yet), from the transaction's history entries and the results
+    under its id (engine steps included). A transaction whose legs live in several partitions is decided once
+    every partition reserved its legs (streams/spanning.py): accepted means every leg will post."""
+    client = [r for r in results if r["client_id"] != routing.ENGINE_CLIENT]
+    moved = [e for e in entries if e["amount"] != "0"]
+    if moved or any(r["outcome"] == "accepted" for r in client):
+        return "in_flight" if not moved or any(in_clearing(moved).values()) else "posted"
+    return "rejected" if any(r["outcome"] == "rejected" for r in client) else "pending"
