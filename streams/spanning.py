@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import json
 
 from streams import core, limits, placement, routing
-from streams.core import HoldStatus, Leg, Rejection, settlement
+from streams.core import HoldStatus, Leg, Rejection, fx, settlement
 from streams.routing import ENGINE_CLIENT
 from streams.wire import command_from_wire, command_to_wire, rejection_to_wire
 
@@ -55,6 +55,11 @@ COPY_WAIT_MS = 300_000
 COPY_TIMEOUTS = "o"  # engine record: [[due_ms, transaction key]] of copies' reservations not yet confirmed
 WAITING = "w"  # engine record: the commands waiting for transactions in flight, in arrival order
 WAITING_LIMIT = 1_000  # beyond it a command that would wait is refused in_flight
+
+
+def _most_urgent(failures: list[tuple[Rejection, str]]) -> tuple[Rejection, str]:
+    """The failure one partition would have answered with (core.transaction_urgency), details breaking ties."""
+    return min(failures, key=lambda f: (core.transaction_urgency(f[0]), f[1]))
 
 
 def _fingerprint(kind: str, body: dict) -> str:
@@ -171,9 +176,10 @@ class Spanning:
                                _accepted(retry_id, tx.at_ms, "answered when decided"),
                                records=[(f"c/{key}", pending)])
             return
-        refusal = self._unbalanced(tx)
-        if refusal is not None and refusal[0] is Rejection.INVALID_COMMAND:
-            proc._reject_command(tx, *refusal)
+        refusals = self._whole(tx)
+        invalid = [f for f in refusals if f[0] is Rejection.INVALID_COMMAND]
+        if invalid:
+            proc._reject_command(tx, *invalid[0])
             return
         participants = list(self.plan(tx).participants)
         record = {"tx": command_to_wire(tx)["body"][1], "at_ms": tx.at_ms, "participants": participants,
@@ -187,10 +193,10 @@ class Spanning:
                 # Its own debits are reserved here and now, at the command's position (P10); before the begin
                 # record, so a crash between the two leaves a prefix a redo completes (the begin record makes
                 # a redelivery a retry).
-                # A refusal of the whole (unbalanced) is this partition's vote, weighed with the others' as
-                # one partition weighs its stages: an unknown account elsewhere is the more urgent reason.
+                # A refusal of the whole (its rate, double entry) is part of this partition's vote, weighed
+                # with the others' as one partition weighs its stages (an unknown account elsewhere first).
                 self._reserve(key, f"{key}~reserve~{p}", _fingerprint("Reserve", body), body, offset, tx.at_ms,
-                              refusal)
+                              refusals)
         proc.commit_change(ENGINE_CLIENT, f"{key}~begin", "", offset,
                            _accepted(f"{key}~begin", tx.at_ms, f"reserving in partitions {participants}"),
                            records=[(f"c/{key}", record)])
@@ -209,34 +215,46 @@ class Spanning:
             self._send(key, "Decide", p, self._key_in(tx, p), tx.at_ms, {
                 "transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id, "commit": False})
 
-    def _unbalanced(self, tx: core.PostTransaction) -> tuple[Rejection, str] | None:
-        """Double entry (P1) before anything is reserved: every currency's legs sum to zero. A leg's currency
-        is its account's where that account lives here, else the one the leg states (its `currency`, or its
-        account id's last segment); each participant checks the stated currency of its debits against the
-        account (currency_mismatch), and the credits' partitions check theirs, so money leaves and enters
-        clearing in the currency it was counted in here."""
-        proc, sums = self.proc, {}
+    def _whole(self, tx: core.PostTransaction) -> list[tuple[Rejection, str]]:
+        """What the coordinator judges of the whole transaction before anything is reserved: double entry
+        (P1), the rate snapshot it names and the conversion's amounts (streams/core/fx.py), and whether each
+        partition's share fits one posting. A leg's currency is its account's where that account lives
+        here, else the one the leg states (its `currency`, or its account id's last segment); each
+        participant checks the stated currency of its legs against the account (currency_mismatch), so money
+        leaves and enters clearing in the currency it was counted in here. invalid_command: refused at once."""
+        proc, sums, failures = self.proc, {}, []
+        counted: list[tuple[str, str, int]] = []  # (account, currency, amount)
         for leg in tx.legs:
             home = proc._home(leg.account_id)
             account = self.state.account(leg.account_id) if home == proc.partition else None
             currency = account.currency if account is not None else self._currency(leg)
             if currency is None:
                 if home == proc.partition:
-                    return Rejection.UNKNOWN_ACCOUNT, f"account {leg.account_id} does not exist"
-                return Rejection.INVALID_COMMAND, f"leg on {leg.account_id} (another partition) needs its currency"
+                    return [(Rejection.UNKNOWN_ACCOUNT, f"account {leg.account_id} does not exist")]
+                return [(Rejection.INVALID_COMMAND, f"leg on {leg.account_id} (another partition) needs its currency")]
             sums[currency] = sums.get(currency, 0) + leg.amount
-        off = {c: total for c, total in sums.items() if total}
-        if off:
-            return Rejection.UNBALANCED, "legs do not sum to zero in " + ", ".join(
-                f"{c} ({total:+d})" for c, total in sorted(off.items()))
-        # Each participant posts its legs and one clearing leg per currency in one transaction (step 4).
+            counted.append((leg.account_id, currency, leg.amount))
         where = self.plan(tx)
-        for p in where.participants:
+        for p in where.participants:  # each posts its legs and one clearing leg per currency (step 4)
             legs = where.legs_in(p)
             if len(legs) + len(sums) > core.MAX_LEGS:
-                return (Rejection.INVALID_COMMAND, f"{len(legs)} legs in partition {p} and {len(sums)} currencies: "
-                                                   f"more than {core.MAX_LEGS} legs to post there")
-        return None
+                return [(Rejection.INVALID_COMMAND, f"{len(legs)} legs in partition {p} and {len(sums)} currencies: "
+                                                    f"more than {core.MAX_LEGS} legs to post there")]
+        off = {c: total for c, total in sums.items() if total}
+        if off:
+            failures.append((Rejection.UNBALANCED, "legs do not sum to zero in " + ", ".join(
+                f"{c} ({total:+d})" for c, total in sorted(off.items()))))
+        if tx.rate_snapshot_id is not None:
+            snapshot = self.state.rate(tx.rate_snapshot_id)
+            stale = fx.judge_snapshot(snapshot, tx.rate_snapshot_id, tx.at_ms, sums)
+            if stale is not None:
+                failures.append(stale)
+            elif not off:
+                scales = {code: proc.currencies.get(code).scale for code in (snapshot.base, snapshot.quote)}
+                converted = fx.judge_conversion(snapshot, scales, counted)
+                if converted is not None:
+                    failures.append(converted)
+        return failures
 
     def _currency(self, leg: Leg) -> str | None:
         currency = leg.currency or routing.system_currency(leg.account_id)
@@ -265,7 +283,7 @@ class Spanning:
         step(key, command_id, fingerprint, body, offset, at_ms)
 
     def _reserve(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int,
-                 refusal: tuple[Rejection, str] | None = None) -> None:
+                 refusals: list[tuple[Rejection, str]] = ()) -> None:
         proc, state = self.proc, self.state
         tx = self._transaction(body, at_ms)
         copy_id = f"{key}~copy~{proc.partition}"
@@ -284,7 +302,7 @@ class Spanning:
             if copied and copied["outcome"] == "rejected":  # the copy could not reserve: that is the vote
                 failure = Rejection.from_code(copied["reason"]), copied["detail"]
             else:
-                failure, records = self._reserve_share(key, tx, offset, at_ms, copy=False, refusal=refusal)
+                failure, records = self._reserve_share(key, tx, offset, at_ms, copy=False, refusals=refusals)
         reason, detail = (None, self._late_note(tx)) if failure is None else \
             (failure[0].code, limits.clip(failure[1], VOTE_DETAIL_CHARS))
         wire = _accepted(command_id, at_ms) if failure is None else \
@@ -308,10 +326,10 @@ class Spanning:
         return ""
 
     def _reserve_share(self, key: str, tx: core.PostTransaction, offset: int, at_ms: int, copy: bool,
-                       refusal: tuple[Rejection, str] | None = None
+                       refusals: list[tuple[Rejection, str]] = ()
                        ) -> tuple[tuple[Rejection, str] | None, list[tuple[str, Any]]]:
         """Reserve this partition's legs of tx (all or nothing). Returns (the most urgent failure, engine
-        records to write); on success the last record is the reservation ``r/<key>``. refusal: a failure of
+        records to write); on success the last record is the reservation ``r/<key>``. refusals: failures of
         the whole transaction the coordinator found, weighed with this partition's own."""
         proc, state = self.proc, self.state
         where = self.plan(tx)
@@ -332,7 +350,7 @@ class Spanning:
             if account is None:
                 failures.append((Rejection.UNKNOWN_ACCOUNT, f"account {leg.account_id} does not exist"))
             elif (self._currency(leg) or account.currency) != account.currency:
-                # The coordinator counted this leg in its stated currency (see _unbalanced).
+                # The coordinator counted this leg in its stated currency (see _whole).
                 failures.append((Rejection.CURRENCY_MISMATCH, f"{leg.account_id} is in {account.currency}"))
             elif leg.amount > 0:
                 credits[leg.account_id] = credits.get(leg.account_id, 0) + leg.amount
@@ -353,14 +371,13 @@ class Spanning:
                 if judged.outcome != "accepted":
                     failures.append((judged.reason, judged.detail))
             failures += self._credit_failures(key, tx, credits, offset, at_ms)
-        if refusal is not None:
-            failures.append(refusal)
+        failures += refusals
         if not failures:
             budget = self._over_budget(key, list(plain) + [a for a, _ in locks.values()] + list(credits), locks,
                                        credits)
             failures = [] if budget is None else [budget]
         if failures:
-            return min(failures), []
+            return _most_urgent(failures), []
         placed: list[list] = []  # [internal hold id, account, amount]
         for account_id, hold in holds.items():
             result = proc._execute(hold, offset)
@@ -629,7 +646,7 @@ class Spanning:
         client_id, tx_command_id = key.split("/", 1)
         tx = self._transaction({"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
                                 "transaction": pending["tx"]}, at_ms)
-        failures = sorted((Rejection.from_code(r), d) for r, d in pending["votes"].values() if r is not None)
+        failures = [(Rejection.from_code(r), d) for r, d in pending["votes"].values() if r is not None]
         reserved = [int(p) for p, (r, _) in pending["votes"].items() if r is None]
         commit = False
         # The decision is written before this vote's own record (which ends the in-flight record): a crash
@@ -639,7 +656,7 @@ class Spanning:
             result_wire = proc._codec.decode("result", decided["result"])
             commit = result_wire["outcome"] == "accepted"
         elif failures:
-            reason, detail = failures[0]
+            reason, detail = _most_urgent(failures)
             wire = rejection_to_wire(tx.command_id, tx.client_id, at_ms, reason, detail)
             proc.commit_change(tx.client_id, tx.command_id, tx.fingerprint(), offset, wire)
             result_wire = wire

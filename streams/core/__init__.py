@@ -56,7 +56,7 @@ from streams.core.money import (
     format_amount,
     parse_amount,
 )
-from streams.core.rejections import Rejection
+from streams.core.rejections import Rejection, transaction_urgency
 from streams.core.results import Processed, Result
 from streams.core.state import Changes, InboxKey, MemoryState, StateReader, no_changes
 
@@ -66,7 +66,7 @@ __all__ = [
     "DEFAULT_CURRENCIES", "DEFAULT_POLICY", "Event", "ExpireHold", "FreezeAccount", "HistoryEntry", "Hold",
     "HoldExpired", "HoldPlaced", "HoldReleased", "HoldStatus", "InboxKey", "Leg", "MAX_ABS_AMOUNT", "MAX_LEGS",
     "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "PostedTransaction", "Processed", "RateSnapshot",
-    "RecordRate", "RegisterCurrency", "Rejection", "ReleaseHold", "Result", "ReverseTransaction", "SYSTEM_POLICY",
+    "RecordRate", "RegisterCurrency", "Rejection", "transaction_urgency", "ReleaseHold", "Result", "ReverseTransaction", "SYSTEM_POLICY",
     "StateReader", "TransactionPosted", "TransactionReversed", "UnfreezeAccount", "accounts_touched", "apply",
     "assert_changes_balanced", "check_account", "check_hold", "decide",
     "execute", "format_amount", "no_changes", "parse_amount", "reversal_of", "routing_key_for",

@@ -43,7 +43,7 @@ from streams.core.events import (
     TransactionReturned,
     TransactionReversed,
 )
-from streams.core.fx import judge_conversion, valid_rate
+from streams.core.fx import judge_conversion, judge_snapshot, valid_rate
 from streams.core.invariants import assert_changes_balanced
 from streams.core.model import SYSTEM_POLICY, Account, AccountStatus, HoldStatus, Leg, RateSnapshot, routing_key_for
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, MAX_SCALE, CurrencyRegistry, valid_code
@@ -253,14 +253,9 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
     snapshot = None
     if check_rate and c.rate_snapshot_id is not None:
         snapshot = state.rate(c.rate_snapshot_id)
-        if snapshot is None:
-            return (Rejection.UNKNOWN_RATE, f"rate snapshot {c.rate_snapshot_id} was not recorded")
-        if c.at_ms >= snapshot.expires_at_ms:
-            return (Rejection.STALE_RATE, f"rate snapshot {snapshot.snapshot_id} expired at {snapshot.expires_at_ms}")
-        touched = {accounts[leg.account_id].currency for leg in legs}
-        if not {snapshot.base, snapshot.quote} <= touched:
-            return (Rejection.RATE_MISMATCH, f"rate snapshot {snapshot.snapshot_id} is for {snapshot.base}/"
-                                             f"{snapshot.quote}, the legs are in {'/'.join(sorted(touched))}")
+        stale = judge_snapshot(snapshot, c.rate_snapshot_id, c.at_ms, (accounts[leg.account_id].currency for leg in legs))
+        if stale is not None:
+            return stale
 
     # Stage 3: each currency's legs sum to zero; per-account changes (several legs of one account combine).
     sums: dict[str, int] = {}

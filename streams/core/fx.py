@@ -46,6 +46,21 @@ def rate_fraction(text: str) -> tuple[int, int]:
     return int(whole + fraction), 10 ** len(fraction)
 
 
+def judge_snapshot(snapshot: RateSnapshot | None, snapshot_id: str, at_ms: int,
+                   currencies: Iterable[str]) -> tuple[Rejection, str] | None:
+    """The snapshot a transaction names was recorded, is fresh at at_ms and is for currencies the legs are in
+    (fail closed); None when it is. currencies: the currencies of the transaction's legs."""
+    if snapshot is None:
+        return (Rejection.UNKNOWN_RATE, f"rate snapshot {snapshot_id} was not recorded")
+    if at_ms >= snapshot.expires_at_ms:
+        return (Rejection.STALE_RATE, f"rate snapshot {snapshot.snapshot_id} expired at {snapshot.expires_at_ms}")
+    touched = set(currencies)
+    if not {snapshot.base, snapshot.quote} <= touched:
+        return (Rejection.RATE_MISMATCH, f"rate snapshot {snapshot.snapshot_id} is for {snapshot.base}/"
+                                         f"{snapshot.quote}, the legs are in {'/'.join(sorted(touched))}")
+    return None
+
+
 def _within_one_unit(paid: int, num: int, den: int) -> bool:
     """floor(num/den) <= paid <= ceil(num/den), for positive den."""
     low, rest = divmod(num, den)

@@ -136,3 +136,23 @@ class Rejection(enum.IntEnum):
 # named client did not sign. Each is published under its own result key; no reader takes it for the command's
 # decision (projections/verify.py, the read store), or it would let an impostor shadow or replace the decision.
 NOT_A_DECISION = frozenset({Rejection.ID_CONFLICT.code, Rejection.NOT_AUTHENTICATED.code})
+
+
+# The order in which a transaction's rules decide (decide._judge_transaction_rules): shape and existence
+# (stages 1-2), then the rate snapshot it names (2b), double entry (3), the conversion's amounts (3b), then
+# holds, funds, limits and status (4); within a stage the lowest reason. A transaction judged in parts (one
+# per partition, streams/spanning.py) answers with the failure this order puts first, as one partition would.
+_RATE_STAGE = frozenset({Rejection.UNKNOWN_RATE, Rejection.STALE_RATE, Rejection.RATE_MISMATCH})
+
+
+def transaction_urgency(reason: Rejection) -> tuple[int, int]:
+    if reason <= Rejection.CURRENCY_MISMATCH:
+        return 0, reason
+    if reason in _RATE_STAGE:
+        return 1, reason
+    if reason is Rejection.UNBALANCED:
+        return 2, reason
+    if reason is Rejection.AMOUNT_OFF_RATE:
+        return 3, reason
+    return 4, reason
+

@@ -572,3 +572,40 @@ def test_restore_skips_only_the_records_written_twice():
     a = local_users(1)[0]
     # "far" credits another partition: reserved here (held), posted once that partition votes.
     assert (restored.state.account(a).posted, restored.state.account(a).held) == (1_000 - 100 - 50, 10)
+
+
+@pytest.mark.parametrize("paid, rate_expires, answer", [
+    (925, 2**62, ("accepted", None)), (999, 2**62, ("rejected", "amount_off_rate")),
+    (925, "soon", ("rejected", "stale_rate"))])
+def test_a_conversion_across_partitions_is_judged_against_its_rate_as_in_one_partition(paid, rate_expires, answer):
+    """A payment in USD to a EUR account in another partition through the FX desk: the coordinator judges the
+    rate snapshot and the conversion's amounts before anything posts, with the answer one partition gives."""
+    answers = []
+    for payee_partition in (0, 1):
+        bus = Bus()
+        payer = local_users(1, partition=0)[0]
+        payee = next(u for u in local_users(3, partition=payee_partition) if u != payer).replace(":USD", ":EUR")
+        bus.send(open_account(payer), payer)
+        bus.send(open_account(payee, "EUR"), payee)
+        bus.send(transfer("dep", ("sys:world:USD", -1_000), (payer, 1_000)), payer)
+        for p in range(N):
+            bus.send_to(p, command(f"rate@{p}", "RecordRate", {"snapshot_id": "snap", "base": "USD", "quote": "EUR",
+                                                               "rate": "0.925", "expires_at_ms":
+                                                                   bus.clock + 100 if rate_expires == "soon"
+                                                                   else rate_expires}))
+        bus.run()
+        bus.clock += 1_000
+        body = {"transaction_id": "fx", "kind": "fx", "reference": None, "links": [], "metadata": {},
+                "occurred_at_ms": None, "rate_snapshot_id": "snap",
+                "legs": [{"account_id": a, "amount": str(x), "hold_id": None, "currency": c} for a, x, c in [
+                    (payer, -1_000, None), ("sys:fx:USD", 1_000, None), ("sys:fx:EUR", -paid, None),
+                    (payee, paid, "EUR")]]}
+        bus.send(command("fx", "PostTransaction", body), payer)
+        bus.run()
+        result = bus.result("fx")
+        answers.append((result["outcome"], result["reason"]))
+        moved = answer[0] == "accepted"
+        assert bus.account(payer) == ((0, 0) if moved else (1_000, 0))
+        assert bus.account(payee) == ((paid, 0) if moved else (0, 0))
+        assert bus.account("sys:clearing:USD") == (0, 0) and bus.account("sys:clearing:EUR") == (0, 0)
+    assert answers == [answer, answer]
