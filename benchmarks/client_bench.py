@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from connectors.aioclient import AsyncLedgerClient  # noqa: E402
 from connectors.client import Leg  # noqa: E402
-from tests.harness import Worker, bootstrap, drop, fresh_settings  # noqa: E402
+from connectors.local_worker import Worker  # noqa: E402
+from connectors.scratch import bootstrap, drop, fresh_settings  # noqa: E402
 
 
 async def run(settings, count: int, in_flight: int, users: int, batching: bool) -> None:

@@ -35,7 +35,8 @@ from connectors.client import LedgerClient  # noqa: E402
 from connectors.loadgen import LoadGenerator, Mix  # noqa: E402
 from schemas.codec import codec  # noqa: E402
 from streams.producing import produce  # noqa: E402
-from tests.harness import Worker, bootstrap, drop, fresh_settings  # noqa: E402
+from connectors.local_worker import Worker  # noqa: E402
+from connectors.scratch import bootstrap, drop, fresh_settings  # noqa: E402
 
 
 # The last commit whose engine produced outputs and changelog without Kafka transactions.

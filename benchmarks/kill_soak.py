@@ -23,8 +23,10 @@ from connectors.client import LedgerClient  # noqa: E402
 from connectors.loadgen import LoadGenerator, Mix  # noqa: E402
 from projections.verify import format_report, verify, wait_quiescent  # noqa: E402
 from streams import crashpoints  # noqa: E402
-from tests.engine.test_faults import pump  # noqa: E402
-from tests.harness import Worker, assert_exactly_once, bootstrap, drop, fresh_settings  # noqa: E402
+from connectors.loadgen import pump  # noqa: E402
+from connectors.local_worker import Worker  # noqa: E402
+from connectors.scratch import bootstrap, drop, fresh_settings  # noqa: E402
+from projections.exactly_once import assert_exactly_once  # noqa: E402
 
 
 def main() -> int:

@@ -62,7 +62,8 @@ def worker_rss(decided: int, every: int, rate: float, users: int) -> None:
 
     from connectors.client import LedgerClient
     from connectors.loadgen import LoadGenerator, Mix
-    from tests.harness import Worker, bootstrap, drop, fresh_settings
+    from connectors.local_worker import Worker
+    from connectors.scratch import bootstrap, drop, fresh_settings
 
     settings = fresh_settings(bootstrap())
     worker = Worker(settings, Path(tempfile.mkdtemp(prefix="memory-soak-")), "mem").start()

@@ -8,6 +8,7 @@ Everything follows from the seed, so a run can be repeated exactly.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -138,3 +139,36 @@ class LoadGenerator:
                 ahead = sent / per_second - (now - start)
                 if ahead > 0:
                     time.sleep(ahead)
+
+
+# --- paced in the background (fault runs: load keeps coming while workers are killed) --------------------------
+class Pump(threading.Thread):
+    """Sends `count` commands at about `per_second` in the background, recording their ids.
+    join() re-raises whatever stopped it early, so a broken generator cannot pass unnoticed."""
+
+    def __init__(self, client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str],
+                 batch_window_s: float = 0.0):
+        super().__init__(daemon=True)
+        self.client, self.gen, self.count, self.per_second, self.sent = client, gen, count, per_second, sent
+        self.batch_window_s = batch_window_s
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.sent.extend(self.gen.paced(self.count, self.per_second, self.batch_window_s))
+            self.client.flush()
+        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+        assert len(self.sent) == self.count, f"only {len(self.sent)} of {self.count} commands sent"
+
+
+def pump(client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str],
+         batch_window_s: float = 0.0) -> Pump:
+    thread = Pump(client, gen, count, per_second, sent, batch_window_s)
+    thread.start()
+    return thread

@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from projections.verify import format_report, wait_quiescent  # noqa: E402
 from tests import adversary  # noqa: E402
-from tests.harness import Worker, bootstrap, drop, fresh_settings  # noqa: E402
+from connectors.local_worker import Worker  # noqa: E402
+from connectors.scratch import bootstrap, drop, fresh_settings  # noqa: E402
 
 
 def main() -> int:

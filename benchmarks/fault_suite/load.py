@@ -13,10 +13,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from connectors.client import LedgerClient
 from connectors.loadgen import LoadGenerator, Mix
+from connectors.local_worker import Worker
 from schemas.codec import DecodeError, codec
 from streams.config import Settings
 from streams.producing import produce
-from tests.harness import Worker
 
 Key = tuple[str, str]  # (client id, command id)
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 
 from connectors.client import LedgerClient
+from connectors.scratch import drop, fresh_settings
+from projections.exactly_once import assert_exactly_once
 from projections.rebuild import rebuild_balances
 from projections.verify import verify, wait_quiescent
-from tests.harness import assert_exactly_once, drop, fresh_settings
 
 from benchmarks.fault_suite.cluster import Cluster
 from benchmarks.fault_suite.figures import Row, measure
@@ -108,8 +109,8 @@ def _settled(fn, *args, attempts: int = 40):
 
 def _oracles(row: Row, settings, sent_at: dict) -> None:
     """Every oracle of DESIGN.md §2 over the topics (projections.verify), exactly once per client as a
-    read_committed reader sees it (tests.harness), and the balances rebuilt from history hash-equal to the live
-    ones (projections.rebuild, a fresh reader from offset 0)."""
+    read_committed reader sees it (projections.exactly_once), and the balances rebuilt from history
+    hash-equal to the live ones (projections.rebuild, a fresh reader from offset 0)."""
     if not _settled(wait_quiescent, settings, 300):
         row.violations["not_quiescent"] += 1
     report = _settled(verify, settings)

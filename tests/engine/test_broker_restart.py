@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from connectors.client import LedgerClient
-from connectors.loadgen import LoadGenerator, Mix
-from tests.engine.test_faults import assert_books_ok, pump
-from tests.harness import ROOT, Worker, drop, fresh_settings
+from connectors.loadgen import LoadGenerator, Mix, pump
+from tests.harness import ROOT, Worker, assert_books_ok, drop, fresh_settings
 
 PORT = 19392
 

@@ -4,7 +4,7 @@ A kill -9 loop lands in a given window of the commit path only by chance; here t
 (os._exit, like kill -9) exactly at one point, with a backlog of opens, deposits, transfers (some across
 partitions), holds, captures, releases and two-partition debits in flight. Restarted without the hook, it
 must finish the work with every oracle of DESIGN.md §2 holding, plus the stricter checks of
-tests.harness.assert_exactly_once.
+projections.exactly_once.assert_exactly_once.
 """
 from __future__ import annotations
 

@@ -6,62 +6,21 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 
 from confluent_kafka import Producer
 
 from connectors.client import LedgerClient, Leg
-from connectors.loadgen import LoadGenerator, Mix
+from connectors.loadgen import LoadGenerator, Mix, pump
 from projections.topics import read_topic
-from projections.verify import format_report, verify, wait_quiescent
 from schemas.codec import codec
 from streams import routing
-from tests.harness import assert_exactly_once, changelog_ends
+from tests.harness import assert_books_ok, assert_exactly_once, changelog_ends
 
 
 # `make test` runs the short kill loops; `make faults` the long ones (LEDGER_LONG_FAULTS=1), like `make soak`'s 30.
 # Short still means a kill -9 with the state kept and one with it wiped, in each loop.
 LONG = os.environ.get("LEDGER_LONG_FAULTS") == "1"
-
-
-def assert_books_ok(settings):
-    assert wait_quiescent(settings), "the workers did not catch up with the commands topic"
-    report = verify(settings)
-    assert report.ok, format_report(report)
-    return report
-
-
-class Pump(threading.Thread):
-    """Sends `count` commands at about `per_second` in the background, recording their ids.
-    join() re-raises whatever stopped it early, so a broken generator cannot pass unnoticed."""
-
-    def __init__(self, client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str],
-                 batch_window_s: float = 0.0):
-        super().__init__(daemon=True)
-        self.client, self.gen, self.count, self.per_second, self.sent = client, gen, count, per_second, sent
-        self.batch_window_s = batch_window_s
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.sent.extend(self.gen.paced(self.count, self.per_second, self.batch_window_s))
-            self.client.flush()
-        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
-            self.error = exc
-
-    def join(self, timeout: float | None = None) -> None:
-        super().join(timeout)
-        if self.error is not None:
-            raise self.error
-        assert len(self.sent) == self.count, f"only {len(self.sent)} of {self.count} commands sent"
-
-
-def pump(client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str],
-         batch_window_s: float = 0.0) -> Pump:
-    thread = Pump(client, gen, count, per_second, sent, batch_window_s)
-    thread.start()
-    return thread
 
 
 def test_duplicates_and_conflicts_across_a_restart(settings, start_worker):

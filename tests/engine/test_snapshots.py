@@ -11,8 +11,7 @@ from confluent_kafka import Producer
 from connectors.client import LedgerClient
 from connectors.loadgen import LoadGenerator, Mix
 from streams import snapshot
-from tests.engine.test_faults import assert_books_ok
-from tests.harness import assert_exactly_once, changelog_ends
+from tests.harness import assert_books_ok, assert_exactly_once, changelog_ends
 
 LOADED = re.compile(r"partition (\d+): loaded the snapshot at changelog offset (\d+)")
 RESTORED = re.compile(r"partition (\d+) restored: (\d+) changelog records from offset (\d+)")
