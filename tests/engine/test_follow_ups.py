@@ -11,7 +11,7 @@ from streams.config import Settings
 from streams.engine import CommandRecord, Engine
 from streams.partition import Output, PartitionProcessor
 from streams.store import MemoryStore
-from tests.engine.test_partition import local_users, open_account
+from tests.helpers.records import local_users, open_account
 
 # Nothing is ever sent: an address nobody listens on, and librdkafka's connection-refused logs kept quiet.
 NO_BROKER = Settings(bootstrap="127.0.0.1:1", prefix="unit.", security={"log_level": "0"})

@@ -9,18 +9,16 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
-import uvicorn
 
 from connectors.client import LedgerClient, Leg
 from projections.api import create_app
 from tests.harness import ROOT
-from tests.read.test_dashboard import free_port
+from tests.helpers.served import free_port, serving
 
 OPS = ROOT / "ops" / "prometheus"
 PROMETHEUS = shutil.which("prometheus")
@@ -60,15 +58,8 @@ def wait_for(what: str, check, timeout_s: float = 60.0):
 @pytest.fixture
 def api_port(settings, tmp_path):
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(tmp_path / "read.db", settings, projector=True),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_for("the read API", lambda: server.started or not thread.is_alive(), 30)
-    assert thread.is_alive()
-    yield port
-    server.should_exit = True
-    thread.join(10)
+    with serving(create_app(tmp_path / "read.db", settings, projector=True), port, timeout_s=30):
+        yield port
 
 
 @needs_prometheus

@@ -11,7 +11,6 @@ dropped at the end). Without that URL the PostgreSQL cases are skipped, except u
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -25,7 +24,9 @@ from projections.db import with_schema
 from projections.projector import catch_up
 from projections.verify import wait_quiescent
 from streams.config import Settings
+from projections.api import create_app
 from tests.harness import Worker, drop, fresh_settings
+from tests.helpers.served import free_port, serving
 
 PAGER = "user:pager:USD"
 DEPOSITS = 30  # 30 deposits of 1.00 USD, business time 1_000_000 + i * 1000 ms
@@ -98,9 +99,7 @@ def read_db(ledger_run, backend) -> str:
 @pytest.fixture(scope="package")
 def ledger_run(kafka_bootstrap, tmp_path_factory, pg_database) -> LedgerRun:
     settings = fresh_settings(kafka_bootstrap)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        metrics_port = s.getsockname()[1]
+    metrics_port = free_port()
     worker = Worker(settings, tmp_path_factory.mktemp("worker"), "w1",
                     extra_env={"LEDGER_METRICS_PORT": str(metrics_port)}).start()
     client = LedgerClient(settings, "read-tests")
@@ -127,3 +126,12 @@ def ledger_run(kafka_bootstrap, tmp_path_factory, pg_database) -> LedgerRun:
         client.close()
         worker.kill9()
         drop(settings)
+
+
+@pytest.fixture
+def served(ledger_run, new_store):
+    """The API with its projector on a fresh store (each backend), served by uvicorn on a free loopback port:
+    its base URL."""
+    with serving(create_app(new_store("dash"), ledger_run.settings, projector=True,
+                            worker_metrics=[ledger_run.worker_metrics])) as url:
+        yield url

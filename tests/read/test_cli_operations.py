@@ -11,7 +11,6 @@ import time
 
 from connectors.progress import steps, wanted
 from tests.harness import ROOT
-from tests.read.test_dashboard import served  # noqa: F401 - the fixture
 
 
 def ledger(settings, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -47,7 +46,7 @@ def test_a_bad_log_format_is_one_line(ledger_run):
     assert done.stderr.strip() == "error: LEDGER_LOG_FORMAT='xml' is not one of text, json"
 
 
-def test_show_in_clearing_and_drift(ledger_run, served):  # noqa: F811
+def test_show_in_clearing_and_drift(ledger_run, served):
     settings = ledger_run.settings
     listed = ledger(settings, "show", "in-clearing", "--api", served, "--json")
     assert listed.returncode == 0, listed.stderr

@@ -8,7 +8,6 @@ import time
 
 from tests.harness import ROOT
 from tests.read.conftest import PAGER
-from tests.read.test_dashboard import served  # noqa: F401 - the fixture
 
 
 def ledger(*args: str) -> subprocess.CompletedProcess:
@@ -16,7 +15,7 @@ def ledger(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=60)
 
 
-def test_show_balance_history_and_holds(served):  # noqa: F811
+def test_show_balance_history_and_holds(served):
     deadline = time.monotonic() + 30
     while True:  # the served API projects a fresh store: wait until it has the pager's 30 deposits
         done = ledger("show", "balance", PAGER, "--api", served, "--json")

@@ -2,29 +2,17 @@
 from __future__ import annotations
 
 import os
-
 import shutil
-import socket
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from connectors.client import Leg
-from projections.api import create_app
 from tests.harness import ROOT
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = ROOT / "artifacts"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chromium(url: str, profile: Path, *extra: str, timeout_s: float = 30) -> str:
@@ -34,23 +22,6 @@ def chromium(url: str, profile: Path, *extra: str, timeout_s: float = 30) -> str
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
-
-
-@pytest.fixture
-def served(ledger_run, new_store):
-    """The API with its projector on a fresh store (each backend), served by uvicorn on a free loopback port."""
-    port = free_port()
-    app = create_app(new_store("dash"), ledger_run.settings, projector=True, worker_metrics=[ledger_run.worker_metrics])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
 
 
 # CI installs chromium (.ci/run), so there the test must run; elsewhere it may be skipped.

@@ -6,18 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
-import uvicorn
 
 from projections import reconcile as rec
 from projections.api import create_app
 from streams.core import DEFAULT_CURRENCIES, AccountType
 from tests.harness import ROOT
-from tests.read.test_dashboard import free_port
-from tests.read.test_why import load
+from tests.helpers.read_store import filled_store
+from tests.helpers.served import serving
 from tests.rules.scenario import Scenario
 
 USDT = DEFAULT_CURRENCIES.get("USDT")
@@ -67,19 +64,9 @@ def served(tmp_path):
          .withdrawal_requested("w1", "alice", "USDT", "1000")
          .withdrawal_completed("w1", "alice", "USDT", "1000"))
     path = str(tmp_path / "read.db")
-    load(path, s).close()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(path, drift_every_s=0), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    filled_store(path, s).close()
+    with serving(create_app(path, drift_every_s=0)) as url:
+        yield url
 
 
 def ledger(*args: str, stdin: str = "") -> subprocess.CompletedProcess:

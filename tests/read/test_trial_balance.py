@@ -6,7 +6,7 @@ from fastapi.testclient import TestClient
 from projections.api import create_app
 from projections.reports import parse_as_of
 from tests.helpers.bus import START_MS
-from tests.read.test_why import load
+from tests.helpers.read_store import filled_store
 from tests.rules.scenario import Scenario
 
 JAN_10 = parse_as_of("2023-01-10T09:00:00Z")  # business times before the bus's log times (2023-11)
@@ -21,7 +21,7 @@ def test_trial_balance_now_and_as_of_a_date(tmp_path):
          .trade("fill-1", "0.2", "59900", buyer=("alice", "bid-1"), seller=("bob", "ask-1"),
                 fees=("0.001", "0.001")))
     path = str(tmp_path / "read.db")
-    load(path, s).close()
+    filled_store(path, s).close()
     with TestClient(create_app(path, drift_every_s=0)) as api:
         now = api.get("/reports/trial-balance").json()
         assert now["balanced"] and now["as_of_ms"] is None

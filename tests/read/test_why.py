@@ -6,15 +6,14 @@ applied to a SQLite read store as the projector applies them, and read through t
 """
 from __future__ import annotations
 
-import json
 import sqlite3
 
 from fastapi.testclient import TestClient
 
 from projections.api import create_app
-from projections.store import SCHEMA_TABLES, Record, Store, projection_hash
-from streams.wire import account_from_record, balance_to_wire
+from projections.store import SCHEMA_TABLES, projection_hash
 from tests.helpers.hashing import assert_every_column_hashed
+from tests.helpers.read_store import filled_store
 from tests.rules.scenario import Scenario
 
 OCCURRED_MS = 1_600_000_000_000
@@ -29,18 +28,6 @@ def scenario() -> Scenario:
             .reversal("r2", "deposit_confirmed:d1", "alice", "USDT"))
 
 
-def load(path: str, s: Scenario) -> Store:
-    store = Store(path)
-    records = [Record("history", 0, i, v) for i, v in enumerate(s.bus.history)]
-    records += [Record("results", 0, i, v) for i, v in enumerate(s.bus.results)]
-    balances = [balance_to_wire(account_from_record(json.loads(raw)))  # the latest balance of every account
-                for proc in s.bus.procs.values() for _, raw in proc.state.store.scan(b"a/")]
-    records += [Record("balances", 0, i, v) for i, v in enumerate(balances)]
-    store.apply(records, {("history", 0): len(s.bus.history), ("results", 0): len(s.bus.results),
-                          ("balances", 0): len(balances)})
-    return store
-
-
 def test_history_entries_carry_links_metadata_rule_snapshot_and_business_time(tmp_path):
     s = scenario()
     deposit = s.history("deposit_confirmed:d1")[0]
@@ -51,7 +38,7 @@ def test_history_entries_carry_links_metadata_rule_snapshot_and_business_time(tm
     assert len(reversal) == 4 and {h["rate_snapshot_id"] for h in reversal} == {"snap-42"}
     assert {tuple(h["links"]) for h in reversal} == {("fx_converted:x1",)}
 
-    load(str(tmp_path / "read.db"), s).close()
+    filled_store(str(tmp_path / "read.db"), s).close()
     with TestClient(create_app(str(tmp_path / "read.db"), drift_every_s=0)) as api:
         journal = api.get("/accounts/user:alice:USDT/history").json()["entries"]
         assert [(e["kind"], e["amount"]["minor"], e["rule"], e["links"]) for e in journal] == [
@@ -88,8 +75,8 @@ def test_a_store_from_before_the_detail_columns_is_migrated_and_reads_the_same(t
     assert ddl != SCHEMA_TABLES
     conn.executescript(ddl)
     conn.close()
-    migrated = load(old, s)
-    fresh = load(str(tmp_path / "new.db"), s)
+    migrated = filled_store(old, s)
+    fresh = filled_store(str(tmp_path / "new.db"), s)
     assert projection_hash(migrated.conn) == projection_hash(fresh.conn)
     assert migrated.flow("deposit_confirmed:d1") == ["deposit_confirmed:d1", "reversal_requested:r2"]
 
@@ -97,7 +84,7 @@ def test_a_store_from_before_the_detail_columns_is_migrated_and_reads_the_same(t
 def test_the_replay_hash_covers_the_transaction_links(tmp_path):
     """transaction_links is written by two paths (per batch, and by a bulk rebuild at its end): the hash
     covers it, and a changed link or linking transaction is named by the link."""
-    store = load(str(tmp_path / "read.db"), scenario())
+    store = filled_store(str(tmp_path / "read.db"), scenario())
     assert store.linked_to("fx_converted:x1") == ["reversal_requested:r1"]
     assert_every_column_hashed(store, "transaction_links", "link")
     store.close()
