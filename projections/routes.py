@@ -247,9 +247,9 @@ async def healthz():
 @router.get("/api/snapshot", include_in_schema=False)
 async def snapshot(request: Request, limit: int = Query(300, ge=1, le=SQL_MAX)):
     side = read_side(request)
-    return await side.answer(lambda store: {"prefix": side.prefix,
-                                            "accounts": [answers.view(r) for r in store.recent_views(min(limit, MAX_PAGE))],
-                                            "stats": side.stats.get()})
+    return await side.answer(lambda store: {
+        "prefix": side.prefix, "accounts": [answers.view(r) for r in store.recent_views(min(limit, MAX_PAGE))],
+        "stats": side.stats.get()})
 
 
 @router.get("/api/stats", include_in_schema=False)

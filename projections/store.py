@@ -411,7 +411,7 @@ class Store:
     def clearing(self) -> list[dict]:
         """Money in clearing per currency and since when (log time), from the summed views."""
         rows = self.conn.execute("SELECT account_id, currency, posted, nonzero_since_ms FROM account_views "
-                                 "WHERE account_id LIKE 'sys:clearing:%' ORDER BY account_id")
+                                 "WHERE account_id LIKE ? ORDER BY account_id", (fold.CLEARING + "%",))
         return [{"currency": r["currency"], "posted": int(r["posted"]), "since_ms": r["nonzero_since_ms"]}
                 for r in rows]
 
