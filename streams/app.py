@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import faust
+from faust.tables import TableManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from confluent_kafka.admin import AdminClient, ConfigResource
@@ -33,8 +34,21 @@ DATA_DIR = Path(os.environ.get("LEDGER_DATA_DIR", ".state/worker")).resolve()
 SESSION_TIMEOUT_S = float(os.environ.get("LEDGER_SESSION_TIMEOUT_S", "10"))
 (DATA_DIR / "faust").mkdir(parents=True, exist_ok=True)
 
+class _TablelessManager(TableManager):
+    """Faust's table manager, without the second it sleeps when it starts (faust 0.15 TableManager.on_start)
+    before it finalises the tables and starts their recovery, which gives tables declared late time to register.
+    The ledger declares no Faust table (see the module docstring), so that second only delayed every worker's
+    start (and a restarted worker's return to its partitions)."""
+
+    async def on_start(self) -> None:
+        if not self.should_stop:
+            await self._update_channels()
+            await self.recovery.start()
+
+
 app = faust.App(
     f"{settings.prefix}workers",
+    TableManager=_TablelessManager,
     broker=[f"kafka://{server}" for server in settings.bootstrap.split(",")],
     # The same SASL / TLS / mTLS / OAUTHBEARER settings as every confluent-kafka client (streams/kafka_security.py).
     broker_credentials=settings.faust_credentials(),
