@@ -155,4 +155,3 @@ def transaction_urgency(reason: Rejection) -> tuple[int, int]:
     if reason is Rejection.AMOUNT_OFF_RATE:
         return 3, reason
     return 4, reason
-
