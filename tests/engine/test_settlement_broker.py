@@ -14,7 +14,7 @@ from connectors import rules
 from connectors.client import LedgerClient
 from projections.verify import format_report, verify
 from tests.engine.test_end_to_end import latest_balances
-from tests.engine.test_wallet_ops import cli
+from tests.helpers.cli import cli
 from tests.rules.scenario import in_different_partitions
 
 assert in_different_partitions("alice", "bob")

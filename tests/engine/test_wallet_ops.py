@@ -8,9 +8,6 @@ operator gained is proven end to end at a small wall-time cost.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 from fastapi.testclient import TestClient
 
@@ -22,13 +19,7 @@ from projections.projector import catch_up
 from projections.topics import read_topic
 from projections.verify import format_report, verify, wait_quiescent
 from tests.engine.test_end_to_end import latest_balances
-from tests.harness import ROOT
-
-
-def cli(settings, *args: str, client_id: str = "wallet") -> subprocess.CompletedProcess:
-    env = {**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap, "LEDGER_TOPIC_PREFIX": settings.prefix}
-    return subprocess.run([sys.executable, "-m", "connectors.cli", *args, "--client-id", client_id],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+from tests.helpers.cli import cli
 
 
 def outcome(result: dict) -> str:

@@ -8,6 +8,9 @@
 - ``tests.helpers.read_store``: a read store filled from a scenario's partition processors (no broker).
 - ``tests.helpers.served``: an app served by uvicorn on a free loopback port.
 - ``tests.helpers.hashing``: one column of a read store tampered with, to show the replay hash sees it.
+- ``tests.helpers.recorder``: ``Recorder``, the topics of real partition processors as ``read_topic`` returns
+  them (what the oracles run over without a broker).
+- ``tests.helpers.cli``: ``ledger ...`` run as a subprocess against a test ledger.
 
 The benchmarks import none of these: what they share with the tests is the product's (a worker process:
 connectors/local_worker.py; throwaway topics: connectors/scratch.py; paced load: connectors/loadgen.py).

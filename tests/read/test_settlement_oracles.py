@@ -1,7 +1,7 @@
 """verify's oracles over late settlements (streams/core/settlement.py): a completion and a fill that arrive after
 their holds ended, one overdrawing into its owner's receivable, within one partition and across two, pass every
 oracle; and a receivable leg the decision did not make is still caught. Real partition processors, no broker
-(the Recorder of test_oracles.py)."""
+(the Recorder of tests/helpers/recorder.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ import json
 from connectors import rules
 from projections.verify import check, format_report
 from schemas.codec import codec
-from tests.read.test_oracles import Recorder
+from tests.helpers.recorder import Recorder
 from tests.rules.scenario import in_different_partitions
 
 C = codec()
