@@ -12,6 +12,7 @@ touches whose private members.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -241,3 +242,40 @@ def test_the_clearing_account_name_is_spelled_in_one_module():
 def test_the_clearing_spelling_check_sees_f_strings():
     tree = ast.parse('x = f"sys:clearing:{c}"')
     assert any(isinstance(n, ast.Constant) and "sys:clearing" in str(n.value) for n in ast.walk(tree))
+
+def _imports_of(paths: list[Path]) -> list[tuple[str, str]]:
+    """(file, imported module) for every import in these files, relative ones resolved."""
+    found = []
+    for path in paths:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        package = ".".join(parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found += [(str(path.relative_to(ROOT)), a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    base = ".".join(anchor[:len(anchor) - (node.level - 1)] + ([base] if base else []))
+                found += [(str(path.relative_to(ROOT)), f"{base}.{a.name}") for a in node.names]
+    return found
+
+
+def test_benchmarks_import_nothing_from_tests():
+    """What a benchmark shares with the tests (a worker launcher, throwaway topics, the exactly-once check)
+    is the product's; a benchmark that imported a test module would break when a test is renamed."""
+    found = [(f, m) for f, m in _imports_of(sorted((ROOT / "benchmarks").rglob("*.py")))
+             if m == "tests" or m.startswith("tests.")]
+    assert not found
+
+
+@pytest.mark.xfail(strict=True, reason="test_end_to_end.latest_balances, test_interleavings' bus drivers, "
+                                       "test_edge's forged engine steps and test_wallet_ops.outcome are still "
+                                       "imported by other test modules, in files the cross-partition rework is "
+                                       "changing; they move to tests/helpers/ then (and this mark goes)")
+def test_no_test_module_imports_another_test_module():
+    """Shared test code lives in tests/helpers/ (or a conftest's fixtures), not in a test module that another
+    one imports: renaming or deleting a test then never breaks an unrelated one."""
+    found = sorted({f"{f} imports {m}" for f, m in _imports_of(sorted((ROOT / "tests").rglob("test_*.py")))
+                    if re.search(r"(^|\.)test_\w+(\.|$)", m.removeprefix("tests.").rsplit(".", 1)[0] + ".")})
+    assert not found, "\n".join(found)
