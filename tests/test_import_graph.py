@@ -243,6 +243,7 @@ def test_the_clearing_spelling_check_sees_f_strings():
     tree = ast.parse('x = f"sys:clearing:{c}"')
     assert any(isinstance(n, ast.Constant) and "sys:clearing" in str(n.value) for n in ast.walk(tree))
 
+
 def _imports_of(paths: list[Path]) -> list[tuple[str, str]]:
     """(file, imported module) for every import in these files, relative ones resolved."""
     found = []
