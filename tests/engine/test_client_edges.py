@@ -107,19 +107,26 @@ def test_tail_skips_what_it_cannot_read(settings, start_worker):
     tail = subprocess.Popen([sys.executable, "-m", "connectors.cli", "tail", "--from-start"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(tail.stdout), daemon=True)
-    reader.start()
+    errors: list[str] = []
+    readers = [threading.Thread(target=lambda: lines.extend(tail.stdout), daemon=True),
+               threading.Thread(target=lambda: errors.extend(tail.stderr), daemon=True)]
+    for reader in readers:
+        reader.start()
     try:
+        # Until the answer and a skip per partition are shown: tail reads the partitions side by side, so the
+        # answer can come before another partition's foreign record.
         deadline = time.monotonic() + 60
-        while not any("tailed/open:user:ida:USD: accepted" in line for line in lines) and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (
+                any("tailed/open:user:ida:USD: accepted" in line for line in lines)
+                and sum("skipped an unreadable record" in line for line in errors) >= settings.partitions):
             time.sleep(0.2)
         tail.send_signal(signal.SIGINT)
-        err = tail.stderr.read()
         tail.wait(30)
-        reader.join(10)
+        for reader in readers:
+            reader.join(10)
     finally:
         tail.kill()  # never left running past the test, whatever failed
-    out = "".join(lines)
+    out, err = "".join(lines), "".join(errors)
     assert "tailed/open:user:ida:USD: accepted" in out, (out, err)
     assert err.count("skipped an unreadable record") == settings.partitions, err
     assert "Traceback" not in err
