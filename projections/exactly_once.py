@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from projections.fold import walk
 from projections.topics import read_topic
 
 
@@ -64,15 +65,11 @@ def assert_exactly_once(settings, client_id: str, sent: list[str]) -> None:
     for account, seqs in by_account.items():
         if sorted(seqs) != list(range(1, len(seqs) + 1)):
             problems.append(f"{account}: seqs {sorted(seqs)[:10]} are not 1..{len(seqs)}")
-        posted = 0
-        for seq in sorted(seqs):
-            if len(seqs[seq]) != 1:
-                problems.append(f"{account}#{seq} has {len(seqs[seq])} entries")
-            v = seqs[seq][0]
-            posted += int(v["amount"])
-            if posted != int(v["posted_after"]):
-                problems.append(f"{account}#{seq}: posted_after {v['posted_after']} != fold {posted}")
-            fold[(account, seq)] = (posted, int(v["held_after"]))
+        problems += [f"{account}#{seq} has {len(seqs[seq])} entries" for seq in sorted(seqs) if len(seqs[seq]) != 1]
+        for v, balance in walk(seqs[seq][0] for seq in sorted(seqs)):  # the read side's one fold
+            if balance.posted != int(v["posted_after"]):
+                problems.append(f"{account}#{v['seq']}: posted_after {v['posted_after']} != fold {balance.posted}")
+            fold[(account, v["seq"])] = (balance.posted, balance.held)
     for b in balances:
         at = fold.get((b["account_id"], b["seq"]))
         if at != (int(b["posted"]), int(b["held"])):

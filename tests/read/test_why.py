@@ -81,10 +81,13 @@ def test_a_store_from_before_the_detail_columns_is_migrated_and_reads_the_same(t
     assert migrated.flow("deposit_confirmed:d1") == ["deposit_confirmed:d1", "reversal_requested:r2"]
 
 
-def test_the_replay_hash_covers_the_transaction_links(tmp_path):
+def test_the_replay_hash_covers_the_transaction_links(new_store, tmp_path):
     """transaction_links is written by two paths (per batch, and by a bulk rebuild at its end): the hash
-    covers it, and a changed link or linking transaction is named by the link."""
-    store = filled_store(str(tmp_path / "read.db"), scenario())
+    covers it, equal in both databases, and a changed link or linking transaction is named by the link."""
+    store = filled_store(new_store("links"), scenario())
     assert store.linked_to("fx_converted:x1") == ["reversal_requested:r1"]
+    sqlite = filled_store(str(tmp_path / "sqlite.db"), scenario())
+    assert projection_hash(store.conn) == projection_hash(sqlite.conn)
+    sqlite.close()
     assert_every_column_hashed(store, "transaction_links", "link")
     store.close()
