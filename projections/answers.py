@@ -30,7 +30,7 @@ class ErrorBody(BaseModel):
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the error answers a route really gives (all with the ErrorBody shape)."""
     text = {400: "sharded_account", 404: "unknown_account, unknown_transaction, unknown_command or unknown_seq",
-            422: "invalid_parameter", 503: "not_caught_up (read-your-writes gave up; Retry-After in seconds)"}
+            409: "ambiguous_transaction (several clients use the id: ask with client_id)", 422: "invalid_parameter", 503: "not_caught_up (read-your-writes gave up; Retry-After in seconds)"}
     return {status: {"model": ErrorBody, "description": text[status]} for status in statuses}
 
 

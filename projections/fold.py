@@ -14,13 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping
 
-from streams import routing
+from streams import names, routing
 from streams.core.apply import KIND_ACCOUNT_OPENED, KIND_STATUS
 from streams.core.accounting import ACCOUNT_TYPE_KEY, default_account_type
 
 # The account status a history entry's kind sets; every other kind (a leg, a hold change) leaves it.
 STATUS_OF_KIND = {KIND_ACCOUNT_OPENED: "open", **{kind: status.value for status, kind in KIND_STATUS.items()}}
-CLEARING = "sys:clearing:"
 
 
 # --- history -> balance views -------------------------------------------------------------------------------
@@ -211,7 +210,7 @@ def in_clearing(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """Money a transaction's entries left in clearing, per currency (0 once every credit landed)."""
     sums: dict[str, int] = {}
     for e in entries:
-        if routing.unsharded(e["account_id"]).startswith(CLEARING):
+        if names.is_clearing(e["account_id"]):
             sums[e["currency"]] = sums.get(e["currency"], 0) + int(e["amount"])
     return sums
 

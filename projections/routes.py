@@ -25,7 +25,7 @@ from projections.hub import Hub, Readers, caught_up, event_stream
 from projections.metrics import StatsCache, money, transfers_older_than
 from projections.reports import BadAsOf, parse_as_of, trial_balance_json
 from projections.store import Store
-from streams import routing
+from streams import names, routing
 
 # Query integers are compared with SQL integers (SQLite INTEGER, PostgreSQL BIGINT): anything beyond a signed
 # 64-bit value is refused as invalid_parameter instead of overflowing in the database driver.
@@ -156,6 +156,11 @@ def transaction(store: Store, transaction_id: str, client_id: str | None) -> dic
     entries, results = store.transaction(transaction_id, client_id)
     if not entries and not results:
         raise ApiError(404, "unknown_transaction", f"no transaction {transaction_id!r} in the read store")
+    owners = sorted({names.owner(r["client_id"], r["command_id"], routing.ENGINE_CLIENT) for r in [*entries, *results]}
+                    - {routing.ENGINE_CLIENT})
+    if len(owners) > 1:  # each client names its own transactions: say whose
+        raise ApiError(409, "ambiguous_transaction", f"clients {', '.join(owners)} each have a transaction "
+                                                     f"{transaction_id!r}: ask with client_id")
     clearing = fold.in_clearing(entries)
     first = next((e for e in entries if e["amount"] != "0"), None)
     why = {} if first is None else {"kind": first["kind"], "reference": first["reference"],
@@ -167,7 +172,8 @@ def transaction(store: Store, transaction_id: str, client_id: str | None) -> dic
             "results": [answers.result(r) for r in results if r["client_id"] != routing.ENGINE_CLIENT]}
 
 
-@router.get("/transactions/{transaction_id}", summary="A transaction's legs and status", responses=errors(404, 422))
+@router.get("/transactions/{transaction_id}", summary="A transaction's legs and status (posted, in_flight, rejected, "
+                                                   "pending), scoped by client", responses=errors(404, 409, 422))
 async def get_transaction(request: Request, transaction_id: str, client_id: str | None = None):
     body = partial(transaction, transaction_id=transaction_id, client_id=client_id)
     return await read_side(request).answer(body)

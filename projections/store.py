@@ -32,7 +32,7 @@ from projections import db
 from projections.db import Connection, transaction
 from projections import fold
 from projections.fold import Tail, fold_holds, newer_hold, sum_shards
-from streams import routing
+from streams import names, routing
 from streams.core.accounting import CurrencyTrialBalance, TrialBalanceLine, default_account_type, trial_balance
 from streams.core.model import AccountType
 from streams.core.rejections import NOT_A_DECISION
@@ -411,7 +411,7 @@ class Store:
     def clearing(self) -> list[dict]:
         """Money in clearing per currency and since when (log time), from the summed views."""
         rows = self.conn.execute("SELECT account_id, currency, posted, nonzero_since_ms FROM account_views "
-                                 "WHERE account_id LIKE ? ORDER BY account_id", (fold.CLEARING + "%",))
+                                 "WHERE account_id LIKE ? ORDER BY account_id", (names.CLEARING_PREFIX + "%",))
         return [{"currency": r["currency"], "posted": int(r["posted"]), "since_ms": r["nonzero_since_ms"]}
                 for r in rows]
 
@@ -423,7 +423,7 @@ class Store:
         The database narrows the clearing journal to the candidates (a float sum, exact below 2^53: amounts of
         more than 15 digits are always candidates), then fold.in_clearing decides on exact integers. Cost: one
         pass over the clearing shards' journal (their primary key range), not over the whole history."""
-        low, high = fold.CLEARING, fold.CLEARING[:-1] + chr(ord(fold.CLEARING[-1]) + 1)
+        low, high = names.CLEARING_PREFIX, names.CLEARING_PREFIX[:-1] + chr(ord(names.CLEARING_PREFIX[-1]) + 1)
         candidates = [r[0] for r in self.conn.execute(
             "SELECT transaction_id FROM history WHERE account_id >= ? AND account_id < ? "
             "AND transaction_id IS NOT NULL GROUP BY transaction_id "
@@ -557,12 +557,14 @@ class Store:
         return self.conn.execute(sql + " ORDER BY hold_id", (account_id,)).fetchall()
 
     def transaction(self, transaction_id: str, client_id: str | None = None) -> tuple[list, list]:
-        """(history entries, results) of a transaction; with client_id, only that client's and the engine's.
+        """(history entries, results) of a transaction; with client_id, only that client's and the engine's steps
+        of that client's transactions (transaction ids are chosen by each client, so two may use one).
         A rejected command carries no transaction id: when nothing has the id, a rejected command of that id
         (clients usually use one for both) is the answer."""
         where, args = "transaction_id = ?", [transaction_id]
-        if client_id is not None:
-            where, args = where + " AND client_id IN (?, ?)", args + [client_id, routing.ENGINE_CLIENT]
+        if client_id is not None:  # the client's own rows, and the engine's steps of its transactions
+            where += " AND (client_id = ? OR (client_id = ? AND substr(command_id, 1, ?) = ?))"
+            args += [client_id, routing.ENGINE_CLIENT, len(client_id) + 1, names.transaction_key(client_id, "")]
         entries = self.conn.execute(f"SELECT * FROM history WHERE {where} ORDER BY at_ms, account_id, seq",
                                     args).fetchall()
         results = self.conn.execute(f"SELECT * FROM results WHERE {where} ORDER BY at_ms", args).fetchall()

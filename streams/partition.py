@@ -4,8 +4,9 @@ No Kafka here: a PartitionProcessor takes records (offset, timestamp, key, value
 returns the messages to emit, while staging its state writes. streams/engine.py owns the commit path
 (emit, then changelog, then one RocksDB WriteBatch) and the restore.
 
-Per record (DESIGN.md §4): decode -> inbox check -> due hold expiries -> route (system-account shards,
-credits to other partitions through clearing) -> core.execute (pure) -> stage writes -> outputs.
+Per record (DESIGN.md §4): decode -> inbox check -> due hold expiries -> route (system-account shards; a
+transaction whose legs live in several partitions to the two-phase protocol, streams/spanning.py, which
+drives this processor through its public methods) -> core.execute (pure) -> stage writes -> outputs.
 """
 from __future__ import annotations
 
@@ -19,14 +20,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from schemas.codec import DecodeError, codec
-from streams import core, limits, placement, routing
+from streams import core, limits, names, placement, routing
 from streams.routing import ENGINE_CLIENT
 from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rejection, Result
 from streams.seal import DEVELOPMENT, Headers, Seal
 from streams.authn import Clients
 from streams.core.policy import judge as judge_policy
 from streams.core.rejections import NOT_A_DECISION
-from streams.spanning import CLEARING_PREFIX, SPANNING_KINDS, Spanning
+from streams.spanning import SPANNING_KINDS, Spanning
 from streams.store import KeyValueStore
 from streams.wire import (
     WireError,
@@ -384,8 +385,8 @@ class PartitionProcessor:
         self.state = PartitionState(store)
         self.outputs: list[Output] = []
         self.changelog: list[bytes] = []  # encoded StateChange records of the batch, in order
-        self._codec = codec()
-        self._batch_header = self._codec.header("command_batch")
+        self.codec = codec()
+        self._batch_header = self.codec.header("command_batch")
         # Where the command being decided sits in the log: "<offset>" or "<offset>.<index in its batch>";
         # unique per command, so ids derived from it are too.
         self.position = ""
@@ -428,7 +429,7 @@ class PartitionProcessor:
         self._raw, self._sealed, self._signer = (value, headers), None, None
         if value is not None and value[:10] == self._batch_header:
             try:
-                items = self._codec.decode("command_batch", value)["commands"]
+                items = self.codec.decode("command_batch", value)["commands"]
             except DecodeError as exc:
                 self._dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
                 return
@@ -450,12 +451,12 @@ class PartitionProcessor:
         """A sealed tick: nothing to decide or answer, only the holds due by its log time expire."""
         self.position, self._offset, self._kind = str(offset), offset, "tick"
         self.state.begin_command()
-        self._expire_due(offset, timestamp_ms)
+        self.expire_due(offset, timestamp_ms)
 
     def _handle_command(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
                         index: int | None) -> None:
         try:
-            record = self._codec.decode("command", value)
+            record = self.codec.decode("command", value)
         except DecodeError as exc:
             where = "" if index is None else f"command {index} of the batch: "
             self._dead_letter(offset, timestamp_ms, key, value, exc.reason, where + exc.detail, index)
@@ -478,30 +479,30 @@ class PartitionProcessor:
             del self.outputs[outputs:]
             del self.changelog[changelog:]
             self.tally = tally
-            self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
+            self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
                          f"unprocessable: {type(exc).__name__}: {exc}")
 
     def _decide_record(self, record: dict[str, Any], kind: str, size: int, offset: int, timestamp_ms: int) -> None:
         client_id, command_id = record["client_id"], record["command_id"]
         if (client_id == ENGINE_CLIENT or kind in SPANNING_KINDS) and not self._is_sealed():
-            self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
+            self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
                          f"engine_step_unsealed: a {kind} as client {client_id!r} is taken only from a record "
                          f"a ledger worker sealed (streams/seal.py); this record has no valid seal")
             return
         if self.clients is not None and client_id != ENGINE_CLIENT and not self._is_sealed():
             refusal = self._unauthenticated(client_id)  # client authentication (streams/authn.py)
             if refusal is not None:
-                self._reject(command_id, client_id, timestamp_ms, Rejection.NOT_AUTHENTICATED, refusal)
+                self.reject(command_id, client_id, timestamp_ms, Rejection.NOT_AUTHENTICATED, refusal)
                 return
         if client_id != ENGINE_CLIENT:  # the engine's own commands derive from commands checked here
             try:
                 limits.check_command(record, size)
             except limits.LimitExceeded as exc:
-                self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, exc.detail)
+                self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, exc.detail)
                 return
         if kind in SPANNING_KINDS:
             if client_id != ENGINE_CLIENT:
-                self._reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
+                self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
                              f"{kind} is issued by the ledger itself")
                 return
             self.spanning.handle(kind, record, offset, timestamp_ms)
@@ -517,16 +518,16 @@ class PartitionProcessor:
         if isinstance(command, core.PostTransaction) and self.spanning.is_copy(command):
             if self._not_permitted(command) is not None:
                 return  # nothing to reserve: the coordinator judges the same command and answers it
-            self._expire_due(offset, timestamp_ms)
+            self.expire_due(offset, timestamp_ms)
             self.judge(command, offset)
             return
         if self._answer_if_seen(command):
             return
         refusal = self._not_permitted(command)
         if refusal is not None:
-            self._reject_command(command, Rejection.NOT_PERMITTED, refusal)
+            self.reject_command(command, Rejection.NOT_PERMITTED, refusal)
             return
-        self._expire_due(offset, timestamp_ms)
+        self.expire_due(offset, timestamp_ms)
         self.judge(command, offset, seen_checked=True)
 
     # Client authentication and policy (streams/authn.py, streams/core/policy.py) ----------------------------
@@ -573,7 +574,7 @@ class PartitionProcessor:
             return
         refusal = self.spanning.refusal(command)
         if refusal is not None:
-            self._reject_command(command, *refusal)
+            self.reject_command(command, *refusal)
             return
         self._route_and_execute(command, offset)
 
@@ -589,7 +590,7 @@ class PartitionProcessor:
             if stored["fingerprint"] == fingerprint:
                 self.answer_again(stored)
             else:
-                self._reject(command_id, client_id, at_ms, Rejection.ID_CONFLICT,
+                self.reject(command_id, client_id, at_ms, Rejection.ID_CONFLICT,
                              f"command {command_id} of {client_id} was already used with another payload")
             return
         self.commit_change(client_id, command_id, fingerprint, self._offset,
@@ -603,11 +604,11 @@ class PartitionProcessor:
         if stored["fingerprint"] == command.fingerprint():
             self.answer_again(stored)
         else:
-            self._reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
+            self.reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
                          f"command {command.command_id} of {command.client_id} was already used with another payload")
         return True
 
-    def _expire_due(self, offset: int, now_ms: int) -> None:
+    def expire_due(self, offset: int, now_ms: int) -> None:
         """Expire every open hold whose expires_at_ms has passed in log time (deterministic: P7), and drop the
         reservations of copies whose coordinator never confirmed them (spanning.expire_copies)."""
         if self.spanning.expire_copies(offset, now_ms):
@@ -620,11 +621,11 @@ class PartitionProcessor:
                 continue  # ended since it was indexed
             if self.spanning.locked(hold_id):
                 continue  # reserved by a transaction in flight; re-indexed when it is decided
-            self._execute(core.ExpireHold(command_id=f"expire:{hold_id}", client_id=ENGINE_CLIENT,
+            self.execute(core.ExpireHold(command_id=f"expire:{hold_id}", client_id=ENGINE_CLIENT,
                                           at_ms=now_ms, hold_id=hold_id), offset)
 
     # Routing -----------------------------------------------------------------------------------------------
-    def _home(self, account_id: str) -> int | None:
+    def home(self, account_id: str) -> int | None:
         """The partition of an ordinary account; None for a system account (it has a shard everywhere)."""
         try:
             return self._homes[account_id]
@@ -635,36 +636,36 @@ class PartitionProcessor:
             self._homes[account_id] = home
             return home
 
-    def _local(self, account_id: str) -> str:
+    def local(self, account_id: str) -> str:
         return routing.shard_of(account_id, self.partition) if routing.is_system(account_id) else account_id
 
     def _route_and_execute(self, command: core.Command, offset: int) -> None:
         if isinstance(command, core.OpenAccount) and routing.is_system(command.account_id):
-            self._reject_command(command, Rejection.INVALID_COMMAND,
+            self.reject_command(command, Rejection.INVALID_COMMAND,
                                  "system accounts (sys:...) open themselves on first use")
             return
         if isinstance(command, core.PostTransaction):
             self._transaction(command, offset)
             return
-        if isinstance(command, core.ReverseTransaction) and self._home(command.account_id) in (None, self.partition):
+        if isinstance(command, core.ReverseTransaction) and self.home(command.account_id) in (None, self.partition):
             original = self.state.transaction(command.reverses)
-            if original is not None and any(leg.account_id.startswith(CLEARING_PREFIX) for leg in original.legs):
-                self._reject_command(command, Rejection.NOT_REVERSIBLE,
+            if original is not None and any(names.is_clearing(leg.account_id) for leg in original.legs):
+                self.reject_command(command, Rejection.NOT_REVERSIBLE,
                                      f"transaction {command.reverses} moved money through clearing to or from "
                                      f"another partition: post a compensating transaction instead")
                 return
         account_id = getattr(command, "account_id", None)
         if account_id is not None:
-            home = self._home(account_id)
+            home = self.home(account_id)
             if home is not None and home != self.partition:
                 self._forward(command, home)
                 return
             if routing.is_system(account_id):
-                if not self._open_shards([account_id], command, offset):
+                if not self.open_shards([account_id], command, offset):
                     return
-                self._execute(replace(command, account_id=self._local(account_id)), offset, command)
+                self.execute(replace(command, account_id=self.local(account_id)), offset, command)
                 return
-        self._execute(command, offset)
+        self.execute(command, offset)
 
     def _transaction(self, tx: core.PostTransaction, offset: int) -> None:
         """Decided here in one step when every leg lives here (streams/placement.py); by its coordinator in
@@ -680,27 +681,27 @@ class PartitionProcessor:
         for leg in tx.legs:
             if routing.is_system(leg.account_id):
                 if routing.SHARD_MARK in leg.account_id:
-                    self._reject_command(tx, Rejection.INVALID_COMMAND, "shard ids (sys:...@n) are internal")
+                    self.reject_command(tx, Rejection.INVALID_COMMAND, "shard ids (sys:...@n) are internal")
                     return
-                legs.append(Leg(self._local(leg.account_id), leg.amount, leg.hold_id, leg.currency))
+                legs.append(Leg(self.local(leg.account_id), leg.amount, leg.hold_id, leg.currency))
             else:
                 legs.append(leg)
-        if not self._open_shards([leg.account_id for leg in tx.legs if routing.is_system(leg.account_id)], tx, offset):
+        if not self.open_shards([leg.account_id for leg in tx.legs if routing.is_system(leg.account_id)], tx, offset):
             return
-        self._execute(tx.with_legs(tuple(legs)), offset, tx)
+        self.execute(tx.with_legs(tuple(legs)), offset, tx)
 
-    def _open_shards(self, system_ids: list[str], command: core.Command, offset: int) -> bool:
+    def open_shards(self, system_ids: list[str], command: core.Command, offset: int) -> bool:
         """Open the local shard of each system account on first use; False (rejected) for an unknown currency."""
         for account_id in dict.fromkeys(system_ids):
-            shard = self._local(account_id)
+            shard = self.local(account_id)
             if self.state.account(shard) is not None:
                 continue
             currency = routing.system_currency(account_id)
             if self.currencies.get(currency) is None:
-                self._reject_command(command, Rejection.UNKNOWN_CURRENCY,
+                self.reject_command(command, Rejection.UNKNOWN_CURRENCY,
                                      f"system account {account_id} names unknown currency {currency}")
                 return False
-            self._execute(core.OpenAccount(command_id=f"open:{shard}", client_id=ENGINE_CLIENT, at_ms=command.at_ms,
+            self.execute(core.OpenAccount(command_id=f"open:{shard}", client_id=ENGINE_CLIENT, at_ms=command.at_ms,
                                            account_id=shard, currency=currency, policy=core.SYSTEM_POLICY), offset)
         return True
 
@@ -708,7 +709,7 @@ class PartitionProcessor:
     def _forward(self, command: core.Command, home: int) -> None:
         """A command sent to the wrong partition goes, unchanged, to the one that owns its account."""
         account = getattr(command, "account_id", None) or placement.account_in(
-            [(leg.account_id, leg.amount) for leg in command.legs], home, self._home)
+            [(leg.account_id, leg.amount) for leg in command.legs], home, self.home)
         self._send_command(command, routing.routing_key_for(account), home)
 
     def _send_command(self, command: core.Command, key: str, partition: int) -> None:
@@ -716,7 +717,7 @@ class PartitionProcessor:
 
     def send_wire(self, record: dict[str, Any], key: str, partition: int, at_ms: int) -> None:
         """A command to a partition, stamped with the log time of the command that caused it (P7)."""
-        self._output(Output("commands", key.encode(), self._codec.encode("command", record), partition, at_ms))
+        self._output(Output("commands", key.encode(), self.codec.encode("command", record), partition, at_ms))
 
     def _output(self, output: Output) -> None:
         if len(output.key) + len(output.value) > limits.OUTPUT_RECORD_BYTES:
@@ -725,27 +726,29 @@ class PartitionProcessor:
         self.outputs.append(output)
 
     # Execution and outputs ---------------------------------------------------------------------------------
-    def _execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None) -> Result:
+    def execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None,
+                records: list[tuple[str, Any]] = ()) -> Result:
         """Decide and stage one command. as_sent: the command as the client sent it, before routing
-        rewrote system accounts to their shards; its fingerprint is the one a retry is compared with."""
+        rewrote system accounts to their shards; its fingerprint is the one a retry is compared with.
+        records: engine records written in the same StateChange (see commit_change)."""
         fingerprint = (as_sent or command).fingerprint()
         result, changes = core.execute(self.state, command, self.currencies, fingerprint)
         if changes.processed is None:  # duplicate or conflict found by the core itself
-            self._emit_result(result_to_wire(result, command.at_ms, None, []))
+            self.emit_result(result_to_wire(result, command.at_ms, None, []))
             return result
-        self._record(command, result, changes, offset, fingerprint)
+        self._record(command, result, changes, offset, fingerprint, records)
         return result
 
     def _record(self, command: core.Command, result: Result, changes: Changes, offset: int,
-                fingerprint: str) -> None:
+                fingerprint: str, records: list[tuple[str, Any]] = ()) -> None:
         transaction_id = command.transaction_id if isinstance(command, core.PostTransaction) and \
             result.outcome == "accepted" else None
         holds = list(changes.holds.values())
         wire_result = result_to_wire(result, command.at_ms, transaction_id, holds)
         self.commit_change(command.client_id, command.command_id, fingerprint, offset, wire_result,
                            list(changes.accounts.values()), holds, changes.history,
-                           transactions=list(changes.transactions.values()), currencies=changes.currencies,
-                           rates=changes.rates)
+                           records, transactions=list(changes.transactions.values()),
+                           currencies=changes.currencies, rates=changes.rates)
 
     def commit_change(self, client_id: str, command_id: str, fingerprint: str, offset: int,
                       wire_result: dict[str, Any], accounts: list[Account] = (), holds: list[Hold] = (),
@@ -756,10 +759,10 @@ class PartitionProcessor:
         """Stage one decided command (its StateChange) and queue its outputs: the result, one history entry
         per change (the new balance of each changed account is queued once per batch, by take()). records:
         engine records (key, JSON value or None to delete) written in the same StateChange."""
-        encoded_result = self._codec.encode("result", wire_result)
+        encoded_result = self.codec.encode("result", wire_result)
         self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
         for account in accounts:
-            if account.id.startswith("sys:clearing:"):
+            if names.is_clearing(account.id):
                 self.clearing[account.currency] = account.posted
         change = {
             "client_id": client_id,
@@ -775,7 +778,7 @@ class PartitionProcessor:
             "currencies": [{"currency": c.code, "scale": c.scale} for c in currencies],
             "rates": [rate_to_record(r) for r in rates],
         }
-        encoded_change = self._codec.encode("state", change)
+        encoded_change = self.codec.encode("state", change)
         if len(encoded_change) > limits.OUTPUT_RECORD_BYTES:
             raise OutputTooLarge(f"a changelog record of {len(encoded_change)} bytes, "
                                  f"the limit is {limits.OUTPUT_RECORD_BYTES}")
@@ -786,28 +789,28 @@ class PartitionProcessor:
                             encoded_result, self.partition, at, client_id))
         currency = {a.id: a.currency for a in accounts}
         for entry in history:
-            value = self._codec.encode("history", history_to_wire(entry, currency[entry.account_id], command_id,
+            value = self.codec.encode("history", history_to_wire(entry, currency[entry.account_id], command_id,
                                                                   client_id))
             self._output(Output("history", entry.account_id.encode(), value, self.partition, at))
 
     def answer_again(self, stored: dict[str, Any]) -> None:
         """A command already in the inbox (its StateChange): its original result, flagged as a duplicate."""
-        self._emit_result({**self._codec.decode("result", stored["result"]), "duplicate": True})
+        self.emit_result({**self.codec.decode("result", stored["result"]), "duplicate": True})
 
-    def _emit_result(self, wire_result: dict[str, Any]) -> None:
+    def emit_result(self, wire_result: dict[str, Any]) -> None:
         self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
         key = result_key(wire_result["client_id"], wire_result["command_id"], wire_result["reason"])
-        self._output(Output("results", key, self._codec.encode("result", wire_result), self.partition,
+        self._output(Output("results", key, self.codec.encode("result", wire_result), self.partition,
                             wire_result["at_ms"], wire_result["client_id"]))
 
-    def _reject(self, command_id: str, client_id: str, at_ms: int, reason: Rejection, detail: str) -> None:
+    def reject(self, command_id: str, client_id: str, at_ms: int, reason: Rejection, detail: str) -> None:
         """A rejection decided before the core (unreadable fields, routing): answered, not remembered. It
         stays small whatever the command: ids too long to echo whole are shortened (limits.echo_ids) and
         the detail clipped."""
         client_id, command_id = limits.echo_ids(client_id, command_id)
-        self._emit_result(rejection_to_wire(command_id, client_id, at_ms, reason, limits.clip(detail)))
+        self.emit_result(rejection_to_wire(command_id, client_id, at_ms, reason, limits.clip(detail)))
 
-    def _reject_command(self, command: core.Command, reason: Rejection, detail: str) -> None:
+    def reject_command(self, command: core.Command, reason: Rejection, detail: str) -> None:
         """A judgement of a readable command outside the core (routing, names the ledger keeps to itself,
         contention with transactions in flight): a decision like the core's, so it is remembered (P4). The
         command is given as sent: its fingerprint is what a retry is compared with."""
@@ -835,7 +838,7 @@ class PartitionProcessor:
                   "offset": offset, "timestamp_ms": timestamp_ms, "key": key, "value": value}
         where = f"{self.partition}/{offset}" if index is None else f"{self.partition}/{offset}/{index}"
         self._output(Output("dlq", where.encode(),
-                            self._codec.encode("dead_letter", record), self.partition, timestamp_ms))
+                            self.codec.encode("dead_letter", record), self.partition, timestamp_ms))
 
     # Batch boundaries --------------------------------------------------------------------------------------
     def take(self) -> tuple[list[Output], list[bytes]]:
@@ -846,7 +849,7 @@ class PartitionProcessor:
         of a batch always equals the fold of history at its seq."""
         for account in self.state.staged_accounts():
             self.outputs.append(Output("balances", account.id.encode(),
-                                       self._codec.encode("balance", balance_to_wire(account)), self.partition,
+                                       self.codec.encode("balance", balance_to_wire(account)), self.partition,
                                        account.updated_at_ms))
         outputs, changelog = self.outputs, self.changelog
         self.outputs, self.changelog = [], []
@@ -856,7 +859,7 @@ class PartitionProcessor:
         """Apply changelog records not yet in the store (skipping commands the inbox already has)."""
         applied = 0
         for encoded in records:
-            change = self._codec.decode("state", encoded)
+            change = self.codec.decode("state", encoded)
             if self.state.change_record(change["client_id"], change["command_id"]) is not None:
                 continue  # a record written twice (e.g. by a paused worker after the partition moved)
             self.state.begin_command()  # nothing to undo here: keep the undo log from growing

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import json
 
-from streams import core, limits, placement, routing
+from streams import core, limits, names, placement, routing
+from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, settlement
 from streams.routing import ENGINE_CLIENT
 from streams.wire import command_from_wire, command_to_wire, rejection_to_wire
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
     from streams.partition import PartitionProcessor
 
 SPANNING_KINDS = frozenset({"Reserve", "Vote", "Decide"})
-INTERNAL_HOLD_MARK = "~"
-CLEARING_PREFIX = "sys:clearing:"
 VOTE_DETAIL_CHARS = 256  # a vote's detail is kept in the coordinator's record, one per participant
 # How long (log time of the participant) a copy's reservation waits for the coordinator's Reserve before it is
 # dropped: the coordinator never got the command (its producer died between the sends, or wrote a copy only).
@@ -102,12 +101,12 @@ class Spanning:
 
     def plan(self, tx: core.PostTransaction) -> placement.Plan:
         """Where the transaction's legs live and who coordinates (streams/placement.py)."""
-        return placement.plan([(leg.account_id, leg.amount) for leg in tx.legs], self.proc._home)
+        return placement.plan([(leg.account_id, leg.amount) for leg in tx.legs], self.proc.home)
 
     def _key_in(self, tx: core.PostTransaction, partition: int) -> str:
         """The routing key of a step sent to `partition`: one of the transaction's accounts there."""
         return routing.routing_key_for(
-            placement.account_in([(leg.account_id, leg.amount) for leg in tx.legs], partition, self.proc._home))
+            placement.account_in([(leg.account_id, leg.amount) for leg in tx.legs], partition, self.proc.home))
 
     def under_way(self, command: core.Command) -> bool:
         """A client's transaction this partition coordinates and has begun, not yet decided: a retry of it
@@ -125,7 +124,7 @@ class Spanning:
         named = [leg.account_id for leg in command.legs] if isinstance(command, core.PostTransaction) else \
             [getattr(command, "account_id", None) or ""]
         for account_id in named:
-            if account_id.startswith(CLEARING_PREFIX):
+            if names.is_clearing(account_id):
                 return Rejection.INVALID_COMMAND, f"{account_id[:300]} is internal to the ledger"
         if isinstance(command, core.PlaceHold) and command.hold_id.startswith(INTERNAL_HOLD_MARK):
             return Rejection.INVALID_COMMAND, f"hold ids starting with {INTERNAL_HOLD_MARK} are internal to the ledger"
@@ -159,14 +158,14 @@ class Spanning:
     # --- step 1: the coordinator begins --------------------------------------------------------------------
     def begin(self, tx: core.PostTransaction, offset: int) -> None:
         proc = self.proc
-        key = f"{tx.client_id}/{tx.command_id}"
+        key = names.transaction_key(tx.client_id, tx.command_id)
         pending = self.state.record(f"c/{key}")
         if pending is not None:  # a retry while in flight: answered when decided
             if pending.get("fingerprint", tx.fingerprint()) != tx.fingerprint():
-                proc._reject(tx.command_id, tx.client_id, tx.at_ms, Rejection.ID_CONFLICT,
+                proc.reject(tx.command_id, tx.client_id, tx.at_ms, Rejection.ID_CONFLICT,
                              f"command {tx.command_id} of {tx.client_id} was already used with another payload")
                 return
-            retry_id = f"{key}~retry~{proc.position}"
+            retry_id = names.step_id(key, "retry", proc.position)
             seen = self.state.change_record(ENGINE_CLIENT, retry_id)
             if seen is not None:  # this same retry redone after a crash: counted once, answered as before
                 proc.answer_again(seen)
@@ -179,7 +178,7 @@ class Spanning:
         refusals = self._whole(tx)
         invalid = [f for f in refusals if f[0] is Rejection.INVALID_COMMAND]
         if invalid:
-            proc._reject_command(tx, *invalid[0])
+            proc.reject_command(tx, *invalid[0])
             return
         participants = list(self.plan(tx).participants)
         record = {"tx": command_to_wire(tx)["body"][1], "at_ms": tx.at_ms, "participants": participants,
@@ -189,16 +188,16 @@ class Spanning:
                     "coordinator_partition": proc.partition, "transaction": record["tx"]}
             if p != proc.partition:
                 self._send(key, "Reserve", p, self._key_in(tx, p), tx.at_ms, body)
-            elif self.state.change_record(ENGINE_CLIENT, f"{key}~reserve~{p}") is None:
+            elif self.state.change_record(ENGINE_CLIENT, names.step_id(key, "reserve", p)) is None:
                 # Its own debits are reserved here and now, at the command's position (P10); before the begin
                 # record, so a crash between the two leaves a prefix a redo completes (the begin record makes
                 # a redelivery a retry).
                 # A refusal of the whole (its rate, double entry) is part of this partition's vote, weighed
                 # with the others' as one partition weighs its stages (an unknown account elsewhere first).
-                self._reserve(key, f"{key}~reserve~{p}", _fingerprint("Reserve", body), body, offset, tx.at_ms,
+                self._reserve(key, names.step_id(key, "reserve", p), _fingerprint("Reserve", body), body, offset, tx.at_ms,
                               refusals)
-        proc.commit_change(ENGINE_CLIENT, f"{key}~begin", "", offset,
-                           _accepted(f"{key}~begin", tx.at_ms, f"reserving in partitions {participants}"),
+        proc.commit_change(ENGINE_CLIENT, names.step_id(key, names.BEGIN), "", offset,
+                           _accepted(names.step_id(key, names.BEGIN), tx.at_ms, f"reserving in partitions {participants}"),
                            records=[(f"c/{key}", record)])
 
     def cancel_copies(self, tx: core.PostTransaction) -> None:
@@ -208,7 +207,7 @@ class Spanning:
         where = self.plan(tx)
         if proc.partition != where.coordinator:
             return
-        key = f"{tx.client_id}/{tx.command_id}"
+        key = names.transaction_key(tx.client_id, tx.command_id)
         for p in where.participants:
             if p == proc.partition:
                 continue
@@ -225,7 +224,7 @@ class Spanning:
         proc, sums, failures = self.proc, {}, []
         counted: list[tuple[str, str, int]] = []  # (account, currency, amount)
         for leg in tx.legs:
-            home = proc._home(leg.account_id)
+            home = proc.home(leg.account_id)
             account = self.state.account(leg.account_id) if home == proc.partition else None
             currency = account.currency if account is not None else self._currency(leg)
             if currency is None:
@@ -261,7 +260,7 @@ class Spanning:
         return currency if self.proc.currencies.get(currency) is not None else None
 
     def _send(self, key: str, kind: str, partition: int, routing_key: str, at_ms: int, body: dict) -> None:
-        command_id = f"{key}~{kind.lower()}~{partition if kind != 'Vote' else body['participant']}"
+        command_id = names.step_id(key, kind.lower(), partition if kind != "Vote" else body["participant"])
         self.proc.send_wire({"command_id": command_id, "client_id": ENGINE_CLIENT, "body": (f"ledger.{kind}", body)},
                             routing_key, partition, at_ms)
 
@@ -276,9 +275,9 @@ class Spanning:
             if kind == "Decide":  # a crash may have cut the waiting commands it woke: they go on
                 self.drain(offset)
             return
-        proc._expire_due(offset, at_ms)
+        proc.expire_due(offset, at_ms)
         body = record["body"][1]
-        key = f"{body['transaction_client_id']}/{body['transaction_command_id']}"
+        key = names.transaction_key(body["transaction_client_id"], body["transaction_command_id"])
         step = {"Reserve": self._reserve, "Vote": self._vote, "Decide": self._decide}[kind]
         step(key, command_id, fingerprint, body, offset, at_ms)
 
@@ -286,7 +285,7 @@ class Spanning:
                  refusals: list[tuple[Rejection, str]] = ()) -> None:
         proc, state = self.proc, self.state
         tx = self._transaction(body, at_ms)
-        copy_id = f"{key}~copy~{proc.partition}"
+        copy_id = names.step_id(key, "copy", proc.partition)
         reservation = state.record(f"r/{key}")
         failure: tuple[Rejection, str] | None = None
         records: list[tuple[str, Any]] = []
@@ -295,10 +294,10 @@ class Spanning:
             records = [(f"r/{key}", {**reservation, "copy": None}), *self._without_timeout(key)]
         else:
             if reservation is not None and reservation.get("copy"):  # a copy of another payload: undone
-                self._unreserve(key, reservation, f"{key}~uncopy~{proc.partition}", offset, at_ms)
+                self._unreserve(key, reservation, names.step_id(key, "uncopy", proc.partition), offset, at_ms)
             stored = state.change_record(ENGINE_CLIENT, copy_id)
             copied = stored is not None and stored["fingerprint"] == tx.fingerprint() and \
-                self.proc._codec.decode("result", stored["result"])
+                self.proc.codec.decode("result", stored["result"])
             if copied and copied["outcome"] == "rejected":  # the copy could not reserve: that is the vote
                 failure = Rejection.from_code(copied["reason"]), copied["detail"]
             else:
@@ -319,7 +318,7 @@ class Spanning:
         coordinator's result carries the notice (the core decides it again at this partition's commit)."""
         proc = self.proc
         for leg in tx.legs:
-            if leg.hold_id is not None and proc._home(leg.account_id) == proc.partition:
+            if leg.hold_id is not None and proc.home(leg.account_id) == proc.partition:
                 hold = self.state.hold(leg.hold_id)
                 if hold is not None and settlement.ended(hold):
                     return settlement.LATE_SETTLEMENT
@@ -361,8 +360,8 @@ class Spanning:
                 if failure is not None:
                     failures.append(failure)
         tag = "~copy" if copy else ""
-        holds = {account_id: core.PlaceHold(command_id=f"{key}{tag}~hold~{account_id}", client_id=ENGINE_CLIENT,
-                                            at_ms=at_ms, hold_id=f"{INTERNAL_HOLD_MARK}{key}{tag}~{account_id}",
+        holds = {account_id: core.PlaceHold(command_id=names.step_id(key + tag, "hold", account_id), client_id=ENGINE_CLIENT,
+                                            at_ms=at_ms, hold_id=names.internal_hold(key, account_id, tag),
                                             account_id=account_id, amount=amount)
                  for account_id, amount in plain.items()}
         if not failures:  # every leg judged, so the most urgent reason is the answer, as in one partition
@@ -380,7 +379,7 @@ class Spanning:
             return _most_urgent(failures), []
         placed: list[list] = []  # [internal hold id, account, amount]
         for account_id, hold in holds.items():
-            result = proc._execute(hold, offset)
+            result = proc.execute(hold, offset)
             if result.outcome != "accepted":  # judged above: only a repeated id could get here
                 for hold_id, account_id, _ in placed:
                     self._release(key, hold_id, account_id, offset, at_ms, tag)
@@ -410,13 +409,13 @@ class Spanning:
         proc, failures = self.proc, []
         for account_id, amount in credits.items():
             account = self.state.account(account_id)
-            clearing = CLEARING_PREFIX + account.currency
+            clearing = names.clearing(account.currency)
             if proc.currencies.get(account.currency) is None:  # unregistered since the account was opened
                 failures.append((Rejection.UNKNOWN_CURRENCY, f"currency {account.currency} is not registered"))
                 continue
-            proc._open_shards([clearing], tx, offset)
+            proc.open_shards([clearing], tx, offset)
             total = amount + sum((self.state.record(f"n/{account_id}") or {}).values())
-            probe = core.PostTransaction(command_id=f"{key}~credit~{account_id}", client_id=ENGINE_CLIENT,
+            probe = core.PostTransaction(command_id=names.step_id(key, "credit", account_id), client_id=ENGINE_CLIENT,
                                          at_ms=at_ms, transaction_id=tx.transaction_id, kind=tx.kind,
                                          legs=(Leg(routing.shard_of(clearing, proc.partition), -total),
                                                Leg(account_id, total)))
@@ -439,13 +438,13 @@ class Spanning:
         the position the producer gave it among its other commands, and votes with that reservation when
         the coordinator's Reserve arrives. The client's answer comes from the coordinator alone."""
         proc, state = self.proc, self.state
-        key = f"{tx.client_id}/{tx.command_id}"
-        copy_id = f"{key}~copy~{proc.partition}"
+        key = names.transaction_key(tx.client_id, tx.command_id)
+        copy_id = names.step_id(key, "copy", proc.partition)
         if state.change_record(ENGINE_CLIENT, copy_id) is not None:
             return  # the copy sent again (a retry): its effect exists, the coordinator answers
         late = state.record(f"r/{key}") is not None or \
-            state.change_record(ENGINE_CLIENT, f"{key}~reserve~{proc.partition}") is not None or \
-            state.change_record(ENGINE_CLIENT, f"{key}~decide~{proc.partition}") is not None
+            state.change_record(ENGINE_CLIENT, names.step_id(key, "reserve", proc.partition)) is not None or \
+            state.change_record(ENGINE_CLIENT, names.step_id(key, "decide", proc.partition)) is not None
         if late or self.refusal(tx) is not None:
             # Reserved or decided already (the coordinator's step came first), or a command the coordinator
             # refuses: nothing to reserve here.
@@ -488,7 +487,7 @@ class Spanning:
                 break
             reservation = self.state.record(f"r/{key}")
             if reservation is not None and reservation.get("copy"):
-                self._unreserve(key, reservation, f"{key}~copyexpired~{self.proc.partition}", offset, now_ms)
+                self._unreserve(key, reservation, names.step_id(key, "copyexpired", self.proc.partition), offset, now_ms)
         return True
 
     # --- commands that wait for transactions in flight -----------------------------------------------------
@@ -528,12 +527,13 @@ class Spanning:
         """Queue the command; it is decided, at its own log time, once what it waits for is decided."""
         proc = self.proc
         # The partition too: a command placed in several partitions (P10) may wait in each at the same offset.
-        wait_id = f"{command.client_id}/{command.command_id}~wait~{proc.partition}:{proc.position}"
+        wait_id = names.step_id(names.transaction_key(command.client_id, command.command_id), "wait",
+                               f"{proc.partition}:{proc.position}")
         if self.state.change_record(ENGINE_CLIENT, wait_id) is not None:
             return  # this very record redone after a crash: it waits already
         queue = self.state.record(WAITING) or []
         if len(queue) >= WAITING_LIMIT:
-            proc._reject_command(command, Rejection.IN_FLIGHT,
+            proc.reject_command(command, Rejection.IN_FLIGHT,
                                  f"{len(queue)} commands already wait for transactions in flight here")
             return
         entry = {"keys": self._keys(command), "command": _jsonable(command_to_wire(command)), "at_ms": command.at_ms}
@@ -568,7 +568,8 @@ class Spanning:
             proc.judge(command, offset, woken=True)
             queue = state.record(WAITING) or []
             rest = [e for e in queue if e is not queue[i]] if i < len(queue) else queue
-            woke_id = f"{command.client_id}/{command.command_id}~woke~{proc.partition}:{proc.position}"
+            woke_id = names.step_id(names.transaction_key(command.client_id, command.command_id), "woke",
+                                   f"{proc.partition}:{proc.position}")
             if state.change_record(ENGINE_CLIENT, woke_id) is None:
                 proc.commit_change(ENGINE_CLIENT, woke_id, "", offset, _accepted(woke_id, command.at_ms),
                                    records=[(WAITING, rest or None)])
@@ -653,7 +654,7 @@ class Spanning:
         # between them leaves the transaction in flight with its decision made, and the redone vote finds it.
         decided = self.state.change_record(tx.client_id, tx.command_id)
         if decided is not None:  # redone after such a crash: the decision and its outputs exist
-            result_wire = proc._codec.decode("result", decided["result"])
+            result_wire = proc.codec.decode("result", decided["result"])
             commit = result_wire["outcome"] == "accepted"
         elif failures:
             reason, detail = _most_urgent(failures)
@@ -672,7 +673,7 @@ class Spanning:
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
                            records=[(f"c/{key}", None)])
         for _ in range(pending["retries"]):
-            proc._emit_result({**result_wire, "duplicate": True})
+            proc.emit_result({**result_wire, "duplicate": True})
         for p in sorted(reserved):
             self._send(key, "Decide", p, self._key_in(tx, p), at_ms, {
                 "transaction_client_id": client_id, "transaction_command_id": tx_command_id, "commit": commit})
@@ -680,12 +681,18 @@ class Spanning:
     def _decide(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
         proc, state = self.proc, self.state
         reservation = state.record(f"r/{key}")
-        if reservation is None:
-            proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms, "late"))
+        if reservation is None:  # nothing reserved here, or committed just before a crash cut this step's record
+            committed = state.change_record(ENGINE_CLIENT, names.step_id(key, names.COMMIT, proc.partition))
+            proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset,
+                               _accepted(command_id, at_ms, "" if committed else "late"))
+            self.drain(offset)
             return
         records = [*self._dropped(key, reservation), *self._without_timeout(key)]
         if body["commit"]:
-            self._commit(key, reservation, offset)
+            # The reservation ends in the posting's own StateChange: no state where a hold is captured and
+            # still locked for the same transaction (P5), whatever a crash cuts.
+            self._commit(key, reservation, offset, records)
+            records = []
         else:
             for hold_id, account_id, _ in reservation["holds"]:
                 self._release(key, hold_id, account_id, offset, at_ms)
@@ -719,7 +726,7 @@ class Spanning:
             if hold is not None and hold.status is HoldStatus.OPEN and hold.expires_at_ms is not None:
                 heapq.heappush(state.expiries, (hold.expires_at_ms, hold_id))
 
-    def _commit(self, key: str, reservation: dict, offset: int) -> None:
+    def _commit(self, key: str, reservation: dict, offset: int, records: list[tuple[str, Any]]) -> None:
         """This partition's legs post, under the transaction's own id, against the local clearing shard."""
         proc = self.proc
         client_id, tx_command_id = key.split("/", 1)
@@ -734,10 +741,10 @@ class Spanning:
             totals[proc.state.account(leg.account_id).currency] += leg.amount
         for leg in system:
             totals[routing.system_currency(leg.account_id)] += leg.amount
-        legs += [Leg(proc._local(leg.account_id), leg.amount) for leg in system]
-        clearing = [Leg(routing.shard_of(f"{CLEARING_PREFIX}{c}", proc.partition), -n) for c, n in totals.items() if n]
-        commit_id = f"{key}~commit~{proc.partition}"
-        proc._open_shards([f"{CLEARING_PREFIX}{c}" for c in totals] + [leg.account_id for leg in system], original,
+        legs += [Leg(proc.local(leg.account_id), leg.amount) for leg in system]
+        clearing = [Leg(routing.shard_of(names.clearing(c), proc.partition), -n) for c, n in totals.items() if n]
+        commit_id = names.step_id(key, names.COMMIT, proc.partition)
+        proc.open_shards([names.clearing(c) for c in totals] + [leg.account_id for leg in system], original,
                           offset)
         # Judged at the reservation's time: what was reserved then is posted now, whatever the clock says.
         command = core.PostTransaction(command_id=commit_id, client_id=ENGINE_CLIENT, at_ms=reservation["at_ms"],
@@ -745,11 +752,11 @@ class Spanning:
                                        kind=original.kind, reference=original.reference, links=original.links,
                                        occurred_at_ms=original.occurred_at_ms,
                                        metadata=settlement.carried(original.metadata))
-        result = proc._execute(command, offset)
+        result = proc.execute(command, offset, records=records)
         assert result.outcome == "accepted", f"reserved legs refused at commit: {result}"
 
     def _release(self, key: str, hold_id: str, account_id: str, offset: int, at_ms: int, tag: str = "") -> None:
-        self.proc._execute(core.ReleaseHold(command_id=f"{key}{tag}~release~{account_id}", client_id=ENGINE_CLIENT,
+        self.proc.execute(core.ReleaseHold(command_id=names.step_id(key + tag, "release", account_id), client_id=ENGINE_CLIENT,
                                             at_ms=at_ms, hold_id=hold_id), offset)
 
     def _transaction(self, body: dict, at_ms: int) -> core.PostTransaction:

@@ -221,17 +221,11 @@ class A:
     assert [f.split(" ", 1)[1] for f in found] == ["imports streams.partition._helper", "proc._theirs"]
 
 
-@pytest.mark.xfail(strict=True, reason="the two-phase protocol (streams/spanning.py) still drives the partition "
-                                       "processor through its private members; the narrow public interface of "
-                                       "the cross-partition rework removes them (then drop this mark)")
 def test_no_module_of_streams_touches_another_modules_private_members():
     found = [f for m in modules("streams").values() for f in private_touches(m)]
     assert not found, f"{len(found)} touches of another module's private members:\n" + "\n".join(found)
 
 
-@pytest.mark.xfail(strict=True, reason="the worker (streams/spanning.py, streams/partition.py) and the read side "
-                                       "spell sys:clearing: themselves; the module of system account names of "
-                                       "the cross-partition rework will hold it alone (then drop this mark)")
 def test_the_clearing_account_name_is_spelled_in_one_module():
     spelled = sorted(str(m.path.relative_to(ROOT)) for m in modules(*PRODUCT).values()
                      if any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "sys:clearing" in n.value

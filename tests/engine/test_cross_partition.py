@@ -6,9 +6,13 @@ closes, so every trade is accepted and every close releases exactly what the tra
 """
 from __future__ import annotations
 
+from fastapi.testclient import TestClient
+
 from connectors import rules
 from connectors.client import LedgerClient
 from connectors.rules import DepositConfirmed, OrderClosed, OrderPlaced, Party, TradeExecuted
+from projections.api import create_app
+from projections.projector import catch_up
 from projections.verify import format_report, verify, wait_quiescent
 from streams import routing
 
@@ -178,7 +182,8 @@ def test_a_close_right_after_an_accepted_cross_partition_trade_releases_exactly_
     client.close()
 
 
-def test_a_payment_to_a_closed_or_unknown_account_elsewhere_is_refused_as_in_one_partition(settings, start_worker):
+def test_a_payment_to_a_closed_or_unknown_account_elsewhere_is_refused_as_in_one_partition(settings, start_worker,
+                                                                                           tmp_path):
     """The sender's answer is the final outcome wherever the accounts live: a payment the payee's partition
     cannot credit is rejected, once, with the reason one partition gives (account_closed, unknown_account),
     and nothing moves; a payment that can land is accepted once and every leg posts (clearing back to 0)."""
@@ -208,6 +213,29 @@ def test_a_payment_to_a_closed_or_unknown_account_elsewhere_is_refused_as_in_one
     assert balances[payee]["posted"] == "1000" and balances[closed]["posted"] == "0" and unknown not in balances
     clearing = [b for a, b in balances.items() if a.startswith("sys:clearing:USD")]
     assert clearing and sum(int(b["posted"]) for b in clearing) == 0
+    # Another client picks one of the same transaction ids for a payment of its own.
+    other = LedgerClient(settings, "payments-2")
+    assert other.result(other.post("to-open", [Leg(payee, -100), Leg(payer, 100)]))["outcome"] == "accepted"
+    assert wait_quiescent(settings)
+    # The read side tells the sender the same: posted with every leg, or rejected with the reason.
+    store = str(tmp_path / "read.db")
+    catch_up(settings, store)
+    with TestClient(create_app(store, settings)) as api:
+        delivered = api.get("/transactions/to-open", params={"client_id": "payments"}).json()
+        assert delivered["status"] == "posted"
+        legs = {(leg["account_id"].split("@")[0], leg["amount"]["minor"]) for leg in delivered["legs"]}
+        assert {(payer, "-1000"), (payee, "1000")} <= legs
+        assert sum(int(leg["amount"]["minor"]) for leg in delivered["legs"]
+                   if leg["account_id"].startswith("sys:clearing:")) == 0
+        for refused, reason in (("to-closed", "account_closed"), ("to-unknown", "unknown_account")):
+            view = api.get(f"/transactions/{refused}", params={"client_id": "payments"}).json()
+            assert (view["status"], view["results"][0]["reason"], view["legs"]) == ("rejected", reason, [])
+        theirs = api.get("/transactions/to-open", params={"client_id": "payments-2"}).json()
+        assert {(leg["account_id"], leg["amount"]["minor"]) for leg in theirs["legs"]
+                if not leg["account_id"].startswith("sys:")} == {(payee, "-100"), (payer, "100")}
+        ambiguous = api.get("/transactions/to-open")
+        assert (ambiguous.status_code, ambiguous.json()["error"]["code"]) == (409, "ambiguous_transaction")
+    other.close()
     report = verify(settings)
     assert report.ok, format_report(report)
     client.close()

@@ -398,6 +398,13 @@ def test_many_transactions_in_flight_keep_every_promise_in_any_interleaving(oper
 # One trade whose schedule (seed 44 with this generator) crashes the coordinator after the final Vote's own redo
 # record reached the changelog but not the posting's; rerun a seed search if the generator changes.
 @example(operations=[("trade", 0, 1, 99, 99, 100, 10)], seed=44, follow_up_batches=False)
+# A capture whose credit lives in another partition commits its share; a crash keeps that posting's redo record
+# and cuts the Decide's: the lock on the captured hold must end with the posting, not after it (P5).
+@example(operations=[("retry", 0), ("hold", 2, "USDT", 50, None), ("release", 0), ("trade", 0, 1, 0, 0, 1, 1),
+                     ("hold", 0, "USDT", 50, None), ("hold", 0, "USDT", 50, None), ("hold", 0, "USDT", 50, None),
+                     ("capture", 0, 1, 0), ("release", 0), ("capture", 2, 1, 0), ("capture", 21, 105, 0),
+                     ("trade", 0, 1, 0, 0, 1, 1), ("release", 0), ("hold", 1, "USDT", 50, None),
+                     ("hold", 1, "USDT", 50, None)], seed=1805, follow_up_batches=False)
 def test_many_transactions_in_flight_keep_every_promise_when_a_crash_cuts_a_commands_redo_records(
         operations, seed, follow_up_batches):
     run_interleaved(operations, seed, follow_up_batches, changelog_cuts="anywhere")
