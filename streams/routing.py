@@ -10,6 +10,10 @@ only touches the user's partition; readers report a system account as the sum of
 """
 from __future__ import annotations
 
+# The routing key of an account: the owner part of its id (``user:42:USDT`` -> ``user:42``), one rule for the
+# core (which stores it) and every producer (which partitions by it).
+from streams.core.model import routing_key_for  # noqa: F401  (re-exported)
+
 SYSTEM_PREFIX = "sys:"
 # client_id of the commands the ledger issues itself (expiries, shard opening, cross-partition steps).
 ENGINE_CLIENT = "ledger"
@@ -49,10 +53,6 @@ def partition_for_key(key: str, partitions: int) -> int:
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
-def routing_key_for(account_id: str) -> str:
-    """Default routing key: the owner part of the id (``user:42:USDT`` -> ``user:42``)."""
-    owner, sep, _ = account_id.rpartition(":")
-    return owner if sep else account_id
 
 
 def is_system(account_id: str) -> bool:

@@ -80,8 +80,11 @@ def _judge_open(state: StateReader, c: OpenAccount, currencies: CurrencyRegistry
     policy = c.policy
     if not c.account_id:
         failures.append((_INVALID, "account_id is empty"))
-    if c.routing_key == "":
-        failures.append((_INVALID, "routing_key is empty (use None for the default)"))
+    if c.routing_key is not None and c.routing_key != routing_key_for(c.account_id):
+        # Every producer routes an account by its id (streams/routing.py): a key that named another owner
+        # would be stored and never used, and its late settlements' receivable would live elsewhere.
+        failures.append((_INVALID, f"routing_key must be the owner part of the account id "
+                                   f"({routing_key_for(c.account_id)!r}) or null: accounts are routed by their id"))
     if policy.overdraft_limit < 0:
         failures.append((_INVALID, "overdraft_limit is negative"))
     if policy.max_balance is not None and policy.max_balance < 0:

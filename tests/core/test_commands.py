@@ -152,3 +152,14 @@ hold h1 a:USD 3                       | ok
     with pytest.raises(AssertionError):
         apply(ledger.state, (HoldReleased(hold_id="h1", account_id=account, amount=amount, at_ms=1),))
     apply(ledger.state, (HoldReleased(hold_id="h1", account_id="a:USD", amount=300, at_ms=1),))
+
+
+@pytest.mark.parametrize("routing_key, accepted", [
+    (None, True), ("user:42", True), ("", False), ("user:43", False), ("user:42:USD", False)])
+def test_an_account_routing_key_is_its_ids_owner_part_or_none(routing_key, accepted) -> None:
+    """Producers route an account by its id: a stored routing key naming another owner would never be used."""
+    result = decide(MemoryState(), OpenAccount(command_id="o", **BASE, account_id="user:42:USD", currency="USD",
+                                               routing_key=routing_key))
+    assert result.accepted is accepted
+    if not accepted:
+        assert result.reason is Rejection.INVALID_COMMAND and "owner part" in result.detail
