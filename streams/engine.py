@@ -556,6 +556,13 @@ class Engine:
             self._commit_transaction(p, changelog, covered, last)
         except KafkaException as exc:
             self._raise(p, exc)
+        except SystemError as exc:
+            # confluent-kafka raises a fatal error (a fence) from inside flush(); when librdkafka logs a line in the
+            # same call, the Python log callback runs with that exception pending and the KafkaException comes out
+            # wrapped in a SystemError. It is still the fence.
+            if isinstance(exc.__cause__, KafkaException):
+                self._raise(p, exc.__cause__)
+            raise
 
     def _commit_transaction(self, p: int, changelog: list[bytes], covered: int, last: dict[int, int]) -> None:
         producer = self.producers[p]
