@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lock install broker broker-stop topics run demo test test-core bench bench-client bench-read bench-restore bench-memory soak-memory bench-core soak faults clean mutate fuzz
+.PHONY: lock install broker broker-stop topics run demo test test-long test-core bench bench-client bench-read bench-restore bench-memory soak-memory bench-core soak faults clean mutate fuzz
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -35,8 +35,14 @@ demo: install
 	scripts/with-broker.sh $(BIN)/ledger demo
 
 # The broker and a PostgreSQL server (the read store's second backend), each started here unless running.
+# Every test but those marked `long`, which run in `make test-long` (docs/testing.md, "What make test runs").
 test: install
-	scripts/with-broker.sh scripts/with-postgres.sh $(BIN)/pytest -q $(PYTEST_ARGS)
+	scripts/with-broker.sh scripts/with-postgres.sh $(BIN)/pytest -q -m "not long" $(PYTEST_ARGS)
+
+# Exactly the tests marked `long`: the long kill -9 loops and every crash point with the larger backlog
+# (about 5 minutes on 2 cores); `make test` runs a short version of each.
+test-long: install
+	scripts/with-broker.sh $(BIN)/pytest -q -m long $(PYTEST_ARGS)
 
 test-core: $(STAMP)
 	$(BIN)/pytest -q tests/core
@@ -88,11 +94,10 @@ soak: install
 
 # The fault suite (benchmarks/faults.py, docs/reliability.md): a 3-node cluster of its own (.state/faults, ports
 # 29092-29094) with every scenario under load and every oracle after each, one table row per scenario; then the
-# long versions of the kill -9 and crash-point tests on the shared broker. FAULTS_ARGS="--only leader-kill
-# --rate 20" for part of it.
+# long tests (make test-long) on the shared broker. FAULTS_ARGS="--only leader-kill --rate 20" for part of it.
 faults: install
 	$(BIN)/python benchmarks/faults.py $(FAULTS_ARGS)
-	LEDGER_LONG_FAULTS=1 scripts/with-broker.sh $(BIN)/pytest -q tests/engine/test_faults.py tests/engine/test_crash_points.py
+	scripts/with-broker.sh $(BIN)/pytest -q -m long
 
 clean: broker-stop
 	scripts/postgres.sh stop

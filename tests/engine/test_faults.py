@@ -4,10 +4,10 @@ After each, the oracles of DESIGN.md §2 (projections.verify) must hold over eve
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 
+import pytest
 from confluent_kafka import Producer
 
 from connectors.client import LedgerClient, Leg
@@ -18,9 +18,8 @@ from streams import routing
 from tests.harness import assert_books_ok, assert_exactly_once, changelog_ends
 
 
-# `make test` runs the short kill loops; `make faults` the long ones (LEDGER_LONG_FAULTS=1), like `make soak`'s 30.
-# Short still means a kill -9 with the state kept and one with it wiped, in each loop.
-LONG = os.environ.get("LEDGER_LONG_FAULTS") == "1"
+# The kill -9 loops: `make test` runs one short loop, `make test-long` (marker `long`) the two long ones, like
+# `make soak`'s 30 kills. docs/testing.md, "What make test runs".
 
 
 def test_duplicates_and_conflicts_across_a_restart(settings, start_worker):
@@ -128,15 +127,26 @@ def _kill_loop(settings, start_worker, tmp_path, kills: int, fresh_every: int, b
     return report
 
 
-def test_kill_minus_nine_repeatedly_mid_stream(settings, start_worker, tmp_path):
-    report = _kill_loop(settings, start_worker, tmp_path, kills=10 if LONG else 4, fresh_every=4 if LONG else 2)
+def test_kill_minus_nine_twice_mid_stream_of_command_batches_committed_in_parts(settings, start_worker, tmp_path):
+    """The short loop of `make test`, one kill -9 of each kind: with the local state kept, then with it wiped
+    (restore from the changelog). Commands arrive in CommandBatch records and the worker commits every 40
+    outputs, so the kills can land between the partial commits of one batch of records."""
+    report = _kill_loop(settings, start_worker, tmp_path, kills=2, fresh_every=2, batch_window_s=0.05,
+                        extra_env={"LEDGER_OUTPUTS_PER_COMMIT": "40"})
     assert report.counts["transactions"] > 100
 
 
+@pytest.mark.long
+def test_kill_minus_nine_repeatedly_mid_stream(settings, start_worker, tmp_path):
+    report = _kill_loop(settings, start_worker, tmp_path, kills=10, fresh_every=4)
+    assert report.counts["transactions"] > 100
+
+
+@pytest.mark.long
 def test_kill_minus_nine_mid_stream_of_command_batches_committed_in_parts(settings, start_worker, tmp_path):
     """Commands arrive in CommandBatch records and the worker commits every 40 outputs, so kills land
     between the partial commits of one batch of records (and inside a record's commands)."""
-    report = _kill_loop(settings, start_worker, tmp_path, kills=6 if LONG else 3, fresh_every=3, batch_window_s=0.05,
+    report = _kill_loop(settings, start_worker, tmp_path, kills=6, fresh_every=3, batch_window_s=0.05,
                         extra_env={"LEDGER_OUTPUTS_PER_COMMIT": "40"})
     assert report.counts["transactions"] > 100
 
