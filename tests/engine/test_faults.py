@@ -49,7 +49,7 @@ def test_duplicates_and_conflicts_across_a_restart(settings, start_worker):
         ("accepted", False, None), ("accepted", True, None), ("accepted", True, None), ("accepted", True, None)]
     assert [(a["outcome"], a["duplicate"]) for a in answers if a["reason"] == "id_conflict"] == [("rejected", False)]
     # A duplicate answer is the original one, flagged.
-    assert {**answers[1], "duplicate": False} == answers[0]
+    assert {**ordered[1], "duplicate": False} == ordered[0]
     report = assert_books_ok(settings)
     eve = [r.value for r in read_topic(settings, "history") if r.value["account_id"] == "user:eve:USD"]
     assert [h["amount"] for h in eve] == ["0", "1000"], "the deposit took effect more than once"
