@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import json
 
 from streams import core, limits, names, placement, routing
+from streams.inflight import InFlight, Reservation, coordinator_key, reservation_key
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, settlement
 from streams.routing import ENGINE_CLIENT
@@ -113,7 +114,7 @@ class Spanning:
         is answered when it is decided, before any judgement of holds or locks (which its own reservation
         holds, so they would refuse it)."""
         return isinstance(command, core.PostTransaction) and command.client_id != ENGINE_CLIENT and \
-            self.state.record(f"c/{command.client_id}/{command.command_id}") is not None
+            self.state.record(coordinator_key(names.transaction_key(command.client_id, command.command_id))) is not None
 
     def refusal(self, command: core.Command) -> tuple[Rejection, str] | None:
         """Why a client's command may not run while transactions are in flight (None: it may)."""
@@ -159,9 +160,9 @@ class Spanning:
     def begin(self, tx: core.PostTransaction, offset: int) -> None:
         proc = self.proc
         key = names.transaction_key(tx.client_id, tx.command_id)
-        pending = self.state.record(f"c/{key}")
+        pending = self._in_flight(key)
         if pending is not None:  # a retry while in flight: answered when decided
-            if pending.get("fingerprint", tx.fingerprint()) != tx.fingerprint():
+            if pending.fingerprint not in (None, tx.fingerprint()):
                 proc.reject(tx.command_id, tx.client_id, tx.at_ms, Rejection.ID_CONFLICT,
                              f"command {tx.command_id} of {tx.client_id} was already used with another payload")
                 return
@@ -170,10 +171,9 @@ class Spanning:
             if seen is not None:  # this same retry redone after a crash: counted once, answered as before
                 proc.answer_again(seen)
                 return
-            pending["retries"] += 1
             proc.commit_change(ENGINE_CLIENT, retry_id, "", offset,
                                _accepted(retry_id, tx.at_ms, "answered when decided"),
-                               records=[(f"c/{key}", pending)])
+                               records=[(coordinator_key(key), pending.with_retry().to_json())])
             return
         refusals = self._whole(tx)
         invalid = [f for f in refusals if f[0] is Rejection.INVALID_COMMAND]
@@ -181,11 +181,10 @@ class Spanning:
             proc.reject_command(tx, *invalid[0])
             return
         participants = list(self.plan(tx).participants)
-        record = {"tx": command_to_wire(tx)["body"][1], "at_ms": tx.at_ms, "participants": participants,
-                  "votes": {}, "retries": 0, "fingerprint": tx.fingerprint()}
+        record = InFlight.begun(command_to_wire(tx)["body"][1], tx.at_ms, participants, tx.fingerprint())
         for p in participants:
             body = {"transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
-                    "coordinator_partition": proc.partition, "transaction": record["tx"]}
+                    "coordinator_partition": proc.partition, "transaction": record.tx}
             if p != proc.partition:
                 self._send(key, "Reserve", p, self._key_in(tx, p), tx.at_ms, body)
             elif self.state.change_record(ENGINE_CLIENT, names.step_id(key, "reserve", p)) is None:
@@ -198,7 +197,7 @@ class Spanning:
                               refusals)
         proc.commit_change(ENGINE_CLIENT, names.step_id(key, names.BEGIN), "", offset,
                            _accepted(names.step_id(key, names.BEGIN), tx.at_ms, f"reserving in partitions {participants}"),
-                           records=[(f"c/{key}", record)])
+                           records=[(coordinator_key(key), record.to_json())])
 
     def cancel_copies(self, tx: core.PostTransaction) -> None:
         """The coordinator refused a transaction its producer placed in several partitions: the copies'
@@ -286,14 +285,14 @@ class Spanning:
         proc, state = self.proc, self.state
         tx = self._transaction(body, at_ms)
         copy_id = names.step_id(key, "copy", proc.partition)
-        reservation = state.record(f"r/{key}")
+        reservation = self._reservation(key)
         failure: tuple[Rejection, str] | None = None
         records: list[tuple[str, Any]] = []
-        if reservation is not None and reservation.get("copy") == tx.fingerprint():
+        if reservation is not None and reservation.copy == tx.fingerprint():
             # Reserved already at the position of the producer's own copy: that is this partition's vote.
-            records = [(f"r/{key}", {**reservation, "copy": None}), *self._without_timeout(key)]
+            records = [(reservation_key(key), reservation.confirmed().to_json()), *self._without_timeout(key)]
         else:
-            if reservation is not None and reservation.get("copy"):  # a copy of another payload: undone
+            if reservation is not None and reservation.copy:  # a copy of another payload: undone
                 self._unreserve(key, reservation, names.step_id(key, "uncopy", proc.partition), offset, at_ms)
             stored = state.change_record(ENGINE_CLIENT, copy_id)
             copied = stored is not None and stored["fingerprint"] == tx.fingerprint() and \
@@ -395,10 +394,11 @@ class Spanning:
         for account_id in dict.fromkeys([a for _, a, _ in placed] + [a for a, _ in locks.values()] + list(credits)):
             current = state.record(f"k/{account_id}") or []
             records.append((f"k/{account_id}", [*current, key]))
-        records.append((f"r/{key}", {"holds": placed, "locks": [[h, a, n] for h, (a, n) in locks.items()],
-                                     "credits": [[a, n] for a, n in credits.items()],
-                                     "at_ms": at_ms, "tx": command_to_wire(tx)["body"][1], "tag": tag,
-                                     "copy": tx.fingerprint() if copy else None}))
+        reservation = Reservation(holds=tuple((h, a, n) for h, a, n in placed),
+                                  locks=tuple((h, a, n) for h, (a, n) in locks.items()),
+                                  credits=tuple(credits.items()), at_ms=at_ms, tx=command_to_wire(tx)["body"][1],
+                                  tag=tag, copy=tx.fingerprint() if copy else None)
+        records.append((reservation_key(key), reservation.to_json()))
         return None, records
 
     def _credit_failures(self, key: str, tx: core.PostTransaction, credits: dict[str, int], offset: int,
@@ -442,7 +442,7 @@ class Spanning:
         copy_id = names.step_id(key, "copy", proc.partition)
         if state.change_record(ENGINE_CLIENT, copy_id) is not None:
             return  # the copy sent again (a retry): its effect exists, the coordinator answers
-        late = state.record(f"r/{key}") is not None or \
+        late = state.record(reservation_key(key)) is not None or \
             state.change_record(ENGINE_CLIENT, names.step_id(key, "reserve", proc.partition)) is not None or \
             state.change_record(ENGINE_CLIENT, names.step_id(key, "decide", proc.partition)) is not None
         if late or self.refusal(tx) is not None:
@@ -466,10 +466,10 @@ class Spanning:
         rest = [t for t in timeouts if t[1] != key]
         return [(COPY_TIMEOUTS, rest or None)] if len(rest) != len(timeouts) else []
 
-    def _unreserve(self, key: str, reservation: dict, command_id: str, offset: int, at_ms: int) -> None:
+    def _unreserve(self, key: str, reservation: Reservation, command_id: str, offset: int, at_ms: int) -> None:
         """Drop a reservation the coordinator never confirmed (a copy of another payload, or one whose
         Reserve did not come within COPY_WAIT_MS of log time)."""
-        for hold_id, account_id, _ in reservation["holds"]:
+        for hold_id, account_id, _ in reservation.holds:
             self._release(key, hold_id, account_id, offset, at_ms, "~uncopy")
         self.proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
                                 records=[*self._dropped(key, reservation), *self._without_timeout(key)])
@@ -485,8 +485,8 @@ class Spanning:
         for due, key in sorted(timeouts):
             if due > now_ms:
                 break
-            reservation = self.state.record(f"r/{key}")
-            if reservation is not None and reservation.get("copy"):
+            reservation = self._reservation(key)
+            if reservation is not None and reservation.copy:
                 self._unreserve(key, reservation, names.step_id(key, "copyexpired", self.proc.partition), offset, now_ms)
         return True
 
@@ -635,20 +635,19 @@ class Spanning:
 
     def _vote(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
         proc = self.proc
-        pending = self.state.record(f"c/{key}")
+        pending = self._in_flight(key)
         if pending is None:  # decided already (a vote delivered twice)
             proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms, "late"))
             return
-        pending["votes"][str(body["participant"])] = [body["reason"], body["detail"]]
-        if len(pending["votes"]) < len(pending["participants"]):
+        pending = pending.with_vote(body["participant"], body["reason"], body["detail"])
+        if not pending.complete:
             proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
-                               records=[(f"c/{key}", pending)])
+                               records=[(coordinator_key(key), pending.to_json())])
             return
         client_id, tx_command_id = key.split("/", 1)
         tx = self._transaction({"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
-                                "transaction": pending["tx"]}, at_ms)
-        failures = [(Rejection.from_code(r), d) for r, d in pending["votes"].values() if r is not None]
-        reserved = [int(p) for p, (r, _) in pending["votes"].items() if r is None]
+                                "transaction": pending.tx}, at_ms)
+        failures = [(Rejection.from_code(r), d) for _, (r, d) in pending.votes if r is not None]
         commit = False
         # The decision is written before this vote's own record (which ends the in-flight record): a crash
         # between them leaves the transaction in flight with its decision made, and the redone vote finds it.
@@ -663,7 +662,7 @@ class Spanning:
             result_wire = wire
         else:
             # Every participant reserved its legs: the commits cannot be refused, so this is the outcome.
-            late = any(d == settlement.LATE_SETTLEMENT for r, d in pending["votes"].values() if r is None)
+            late = any(d == settlement.LATE_SETTLEMENT for _, (r, d) in pending.votes if r is None)
             commit = True
             result_wire = {"command_id": tx.command_id, "client_id": tx.client_id, "outcome": "accepted",
                            "reason": settlement.LATE_SETTLEMENT if late else None,
@@ -671,16 +670,16 @@ class Spanning:
                            "transaction_id": tx.transaction_id, "at_ms": at_ms, "holds": []}
             proc.commit_change(tx.client_id, tx.command_id, tx.fingerprint(), offset, result_wire)
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
-                           records=[(f"c/{key}", None)])
-        for _ in range(pending["retries"]):
+                           records=[(coordinator_key(key), None)])  # decided: the record ends
+        for _ in range(pending.retries):
             proc.emit_result({**result_wire, "duplicate": True})
-        for p in sorted(reserved):
+        for p in pending.reserved:
             self._send(key, "Decide", p, self._key_in(tx, p), at_ms, {
                 "transaction_client_id": client_id, "transaction_command_id": tx_command_id, "commit": commit})
 
     def _decide(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
         proc, state = self.proc, self.state
-        reservation = state.record(f"r/{key}")
+        reservation = self._reservation(key)
         if reservation is None:  # nothing reserved here, or committed just before a crash cut this step's record
             committed = state.change_record(ENGINE_CLIENT, names.step_id(key, names.COMMIT, proc.partition))
             proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset,
@@ -694,46 +693,43 @@ class Spanning:
             self._commit(key, reservation, offset, records)
             records = []
         else:
-            for hold_id, account_id, _ in reservation["holds"]:
+            for hold_id, account_id, _ in reservation.holds:
                 self._release(key, hold_id, account_id, offset, at_ms)
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
                            records=records)
         self._reindex(reservation)
         self.drain(offset)
 
-    def _dropped(self, key: str, reservation: dict) -> list[tuple[str, Any]]:
+    def _dropped(self, key: str, reservation: Reservation) -> list[tuple[str, Any]]:
         """The engine records without this reservation: its own record, its locks, its accounts' lists."""
         state = self.state
-        records: list[tuple[str, Any]] = [(f"r/{key}", None)]
-        for hold_id, _, _ in reservation["locks"]:
+        records: list[tuple[str, Any]] = [(reservation_key(key), None)]
+        for hold_id, _, _ in reservation.locks:
             rest = {k: v for k, v in (state.record(f"l/{hold_id}") or {}).items() if k != key}
             records.append((f"l/{hold_id}", rest or None))
-        credits = reservation.get("credits", [])
-        for account_id, _ in credits:
+        for account_id, _ in reservation.credits:
             rest = {k: v for k, v in (state.record(f"n/{account_id}") or {}).items() if k != key}
             records.append((f"n/{account_id}", rest or None))
-        accounts = dict.fromkeys([a for _, a, _ in reservation["holds"]] + [a for _, a, _ in reservation["locks"]]
-                                 + [a for a, _ in credits])
-        for account_id in accounts:
+        for account_id in reservation.accounts:
             rest = [k for k in (state.record(f"k/{account_id}") or []) if k != key]
             records.append((f"k/{account_id}", rest or None))
         return records
 
-    def _reindex(self, reservation: dict) -> None:
+    def _reindex(self, reservation: Reservation) -> None:
         state = self.state
-        for hold_id, _, _ in reservation["locks"]:  # expiry skipped while locked: index it again
+        for hold_id, _, _ in reservation.locks:  # expiry skipped while locked: index it again
             hold = state.hold(hold_id)
             if hold is not None and hold.status is HoldStatus.OPEN and hold.expires_at_ms is not None:
                 heapq.heappush(state.expiries, (hold.expires_at_ms, hold_id))
 
-    def _commit(self, key: str, reservation: dict, offset: int, records: list[tuple[str, Any]]) -> None:
+    def _commit(self, key: str, reservation: Reservation, offset: int, records: list[tuple[str, Any]]) -> None:
         """This partition's legs post, under the transaction's own id, against the local clearing shard."""
         proc = self.proc
         client_id, tx_command_id = key.split("/", 1)
         original = self._transaction({"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
-                                      "transaction": reservation["tx"]}, reservation["at_ms"])
-        legs = [Leg(a, -n, h) for h, a, n in reservation["holds"]] + [Leg(a, -n, h) for h, a, n in reservation["locks"]]
-        legs += [Leg(a, n) for a, n in reservation.get("credits", [])]
+                                      "transaction": reservation.tx}, reservation.at_ms)
+        legs = [Leg(a, -n, h) for h, a, n in reservation.holds] + [Leg(a, -n, h) for h, a, n in reservation.locks]
+        legs += [Leg(a, n) for a, n in reservation.credits]
         system = [leg for leg in original.legs if routing.is_system(leg.account_id)] \
             if self.plan(original).coordinator == proc.partition else []
         totals: dict[str, int] = defaultdict(int)
@@ -747,13 +743,23 @@ class Spanning:
         proc.open_shards([names.clearing(c) for c in totals] + [leg.account_id for leg in system], original,
                           offset)
         # Judged at the reservation's time: what was reserved then is posted now, whatever the clock says.
-        command = core.PostTransaction(command_id=commit_id, client_id=ENGINE_CLIENT, at_ms=reservation["at_ms"],
+        command = core.PostTransaction(command_id=commit_id, client_id=ENGINE_CLIENT, at_ms=reservation.at_ms,
                                        transaction_id=original.transaction_id, legs=tuple(legs + clearing),
                                        kind=original.kind, reference=original.reference, links=original.links,
                                        occurred_at_ms=original.occurred_at_ms,
                                        metadata=settlement.carried(original.metadata))
         result = proc.execute(command, offset, records=records)
         assert result.outcome == "accepted", f"reserved legs refused at commit: {result}"
+
+    def _in_flight(self, key: str) -> InFlight | None:
+        """The coordinator's record of transaction key T, None when there is none (not begun, or decided)."""
+        data = self.state.record(coordinator_key(key))
+        return None if data is None else InFlight.from_json(data)
+
+    def _reservation(self, key: str) -> Reservation | None:
+        """This partition's reservation for transaction key T, None when there is none."""
+        data = self.state.record(reservation_key(key))
+        return None if data is None else Reservation.from_json(data)
 
     def _release(self, key: str, hold_id: str, account_id: str, offset: int, at_ms: int, tag: str = "") -> None:
         self.proc.execute(core.ReleaseHold(command_id=names.step_id(key + tag, "release", account_id), client_id=ENGINE_CLIENT,

@@ -1,0 +1,119 @@
+"""The two-phase protocol's durable records (streams/spanning.py), typed: the coordinator's ``c/<T>`` and a
+participant's reservation ``r/<T>``, where T is the transaction's key ``client_id/command_id``.
+
+Both are engine records: JSON written in the StateChange of the step that changes them, so they are read back
+after a crash or a rebuild exactly as written. Their JSON keeps its field order (a dict's insertion order, and
+json.dumps keeps it): the same log gives byte-identical changelogs (P7). Records written before a field existed
+read as the code that wrote them meant (see each from_json).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any
+
+
+def coordinator_key(key: str) -> str:
+    """The engine record key of the coordinator's record of transaction key T."""
+    return f"c/{key}"
+
+
+def reservation_key(key: str) -> str:
+    """The engine record key of a participant's reservation for transaction key T."""
+    return f"r/{key}"
+
+
+class Status(str, Enum):
+    """Where the coordinator's record is in its life. There is no stored "decided": the vote that completes
+    the record decides the transaction and deletes the record in the same StateChange, so a record that
+    exists is undecided, and none (after a begin) is decided."""
+
+    BEGUN = "begun"    # written by begin: Reserve sent to every participant, no vote in yet
+    VOTING = "voting"  # at least one vote is in, not all
+
+
+Vote = tuple[str | None, str]  # (rejection code, or None when the participant reserved; detail)
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """The coordinator's record of a transaction it has begun and not yet decided."""
+
+    tx: dict[str, Any]  # the transaction's PostTransaction body, as on the wire
+    at_ms: int
+    participants: tuple[int, ...]
+    votes: tuple[tuple[str, Vote], ...]  # (participant, its vote) in arrival order
+    retries: int  # retries of the client's command while in flight: each gets the decision, flagged duplicate
+    fingerprint: str | None  # of the client's command (None in records from before it was kept)
+    status: Status = Status.BEGUN
+
+    @classmethod
+    def begun(cls, tx: dict[str, Any], at_ms: int, participants: list[int], fingerprint: str) -> "InFlight":
+        return cls(tx, at_ms, tuple(participants), (), 0, fingerprint, Status.BEGUN)
+
+    def with_vote(self, participant: int, reason: str | None, detail: str) -> "InFlight":
+        votes = dict(self.votes)
+        votes[str(participant)] = (reason, detail)
+        return replace(self, votes=tuple(votes.items()), status=Status.VOTING)
+
+    def with_retry(self) -> "InFlight":
+        return replace(self, retries=self.retries + 1)
+
+    @property
+    def complete(self) -> bool:
+        """Every participant has voted: the next step decides the transaction."""
+        return len(self.votes) >= len(self.participants)
+
+    @property
+    def reserved(self) -> list[int]:
+        """The participants that reserved their legs (each gets the Decide), in order."""
+        return sorted(int(p) for p, (reason, _) in self.votes if reason is None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tx": self.tx, "at_ms": self.at_ms, "participants": list(self.participants),
+                "votes": {p: [reason, detail] for p, (reason, detail) in self.votes}, "retries": self.retries,
+                "fingerprint": self.fingerprint, "status": self.status.value}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "InFlight":
+        votes = tuple((p, (reason, detail)) for p, (reason, detail) in data["votes"].items())
+        # Before the status was stored, a record with votes in was being voted on, one without had just begun.
+        status = Status(data["status"]) if "status" in data else Status.VOTING if votes else Status.BEGUN
+        return cls(data["tx"], data["at_ms"], tuple(data["participants"]), votes, data["retries"],
+                   data.get("fingerprint"), status)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What a participant reserved of a transaction's legs, until the coordinator's Decide (or a copy's wait
+    ends). Amounts are minor units, positive."""
+
+    holds: tuple[tuple[str, str, int], ...]  # (internal hold id, account, amount) placed on plain debits
+    locks: tuple[tuple[str, str, int], ...]  # (client hold id, account, amount) locked of holds it captures
+    credits: tuple[tuple[str, int], ...]  # (account, amount) judged to fit, counted in n/<account> meanwhile
+    at_ms: int  # the reservation's log time: the commit is judged then
+    tx: dict[str, Any]  # the transaction's PostTransaction body, as on the wire
+    tag: str  # "~copy" when reserved at the producer's copy (its internal holds' ids carry it), else ""
+    copy: str | None  # the copy's fingerprint until the coordinator's Reserve confirms it, else None
+
+    def confirmed(self) -> "Reservation":
+        """The copy's reservation, taken as this partition's vote."""
+        return replace(self, copy=None)
+
+    @property
+    def accounts(self) -> list[str]:
+        """The accounts it reserves on (holds, locks, credits), each once, in that order."""
+        return list(dict.fromkeys([a for _, a, _ in self.holds] + [a for _, a, _ in self.locks]
+                                  + [a for a, _ in self.credits]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"holds": [list(h) for h in self.holds], "locks": [list(lock) for lock in self.locks],
+                "credits": [list(c) for c in self.credits], "at_ms": self.at_ms, "tx": self.tx, "tag": self.tag,
+                "copy": self.copy}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Reservation":
+        # Records from before credits were reserved have none; before copies, no tag and no copy.
+        return cls(tuple((h, a, n) for h, a, n in data["holds"]), tuple((h, a, n) for h, a, n in data["locks"]),
+                   tuple((a, n) for a, n in data.get("credits", [])), data["at_ms"], data["tx"],
+                   data.get("tag", ""), data.get("copy"))
