@@ -22,7 +22,7 @@ from typing import Any
 from connectors.client import LedgerClient
 from connectors.jsonl import LineError, parse_line
 from streams import core, routing
-from streams.wire import WireError, command_from_wire
+from streams.wire import WireError, command_from_wire, command_record
 
 
 class _Recorder:
@@ -41,8 +41,7 @@ class _Recorder:
         self.sent: list[tuple[str, dict[str, Any]]] = []
 
     def send(self, command_id: str, body_name: str, body: dict[str, Any], routing_account: str) -> str:
-        self.sent.append((routing_account, {"command_id": command_id, "client_id": self.client_id,
-                                            "body": (f"ledger.{body_name}", body)}))
+        self.sent.append((routing_account, command_record(self.client_id, command_id, body_name, body)))
         return command_id
 
 

@@ -29,6 +29,7 @@ from streams.core.rejections import Rejection
 from streams.core.returns import RETURNS_KEY
 from streams.config import Settings
 from streams.producing import produce
+from streams.wire import command_record
 
 
 log = logging.getLogger("ledger.client")
@@ -157,8 +158,7 @@ class LedgerClient:
     # --- sending --------------------------------------------------------------------------------------------
     def send(self, command_id: str, body_name: str, body: dict[str, Any], routing_account: str) -> str:
         _require_id(command_id, "command_id")
-        record = {"command_id": command_id, "client_id": self.client_id, "body": (f"ledger.{body_name}", body)}
-        self._send_record(record, routing_account)
+        self._send_record(command_record(self.client_id, command_id, body_name, body), routing_account)
         return command_id
 
     def _send_record(self, record: dict[str, Any], routing_account: str, timestamp_ms: int | None = None) -> None:
@@ -375,8 +375,7 @@ class LedgerClient:
         """One copy of a command in each partition, each under its own id, decided by that partition."""
         ids = []
         for partition in range(self.settings.partitions):
-            record = {"command_id": f"{base_id}@{partition}", "client_id": self.client_id,
-                      "body": (f"ledger.{name}", body)}
+            record = command_record(self.client_id, f"{base_id}@{partition}", name, body)
             encoded = self._codec.encode("command", record)
             self.send_raw(encoded, base_id, partition)
             self._answers.sent(record["command_id"], encoded)

@@ -35,6 +35,7 @@ from streams.core.fx import fx_account  # the FX desk: the core checks a convers
 from streams.core.settlement import CAPTURE_KEY, EXACT, EXTERNAL, PARTIAL, SETTLEMENT_KEY
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, Currency, CurrencyRegistry, parse_amount
 from streams.core.rejections import Rejection
+from streams.wire import command_record
 
 Amount = int | str  # int: minor units; str: an exact decimal in major units ("0.5" BTC)
 Rounding = Literal["exact", "down", "up"]
@@ -342,8 +343,7 @@ def open_user_account(user: str, currency: str, ctx: Context = DEFAULT_CONTEXT) 
     account = user_account(user, currency)
     body = {"account_id": account, "currency": currency, "allow_negative": False, "overdraft_limit": "0",
             "max_balance": None, "routing_key": None}
-    return Routed(account, {"command_id": f"open:{account}", "client_id": ctx.client_id,
-                            "body": ("ledger.OpenAccount", body)})
+    return Routed(account, command_record(ctx.client_id, f"open:{account}", "OpenAccount", body))
 
 
 # --- validation and exact arithmetic ----------------------------------------------------------------------
@@ -484,19 +484,17 @@ def _transaction(ctx: Context, command_id: str, legs: list[dict[str, Any]], *, k
     ordinary = [a for a in debits if not routing.is_system(a)]
     routing_account = (ordinary or [leg["account_id"] for leg in legs if not routing.is_system(leg["account_id"])]
                        or debits)[0]
-    return Routed(routing_account, {"command_id": command_id, "client_id": ctx.client_id,
-                                    "body": ("ledger.PostTransaction", body)})
+    return Routed(routing_account, command_record(ctx.client_id, command_id, "PostTransaction", body))
 
 
 def _place_hold(ctx: Context, command_id: str, hold_id: str, account: str, amount: int,
                 expires_at_ms: int | None) -> Routed:
     body = {"hold_id": hold_id, "account_id": account, "amount": str(amount), "expires_at_ms": expires_at_ms}
-    return Routed(account, {"command_id": command_id, "client_id": ctx.client_id, "body": ("ledger.PlaceHold", body)})
+    return Routed(account, command_record(ctx.client_id, command_id, "PlaceHold", body))
 
 
 def _release_hold(ctx: Context, command_id: str, hold_id: str, account: str) -> Routed:
-    return Routed(account, {"command_id": command_id, "client_id": ctx.client_id,
-                            "body": ("ledger.ReleaseHold", {"hold_id": hold_id})})
+    return Routed(account, command_record(ctx.client_id, command_id, "ReleaseHold", {"hold_id": hold_id}))
 
 
 # --- the rules --------------------------------------------------------------------------------------------
@@ -769,8 +767,7 @@ def _reversal(e: ReversalRequested, ctx: Context, spec: RuleSpec) -> tuple[Route
     cid = _command_id(spec.name, rid, _attempt(e.attempt))
     body = {"transaction_id": cid, "reverses": original, "account_id": user_account(user, cur.code),
             "reference": rid, "occurred_at_ms": _time(e.occurred_at_ms, "occurred_at_ms")}
-    return (Routed(body["account_id"], {"command_id": cid, "client_id": ctx.client_id,
-                                        "body": ("ledger.ReverseTransaction", body)}),)
+    return (Routed(body["account_id"], command_record(ctx.client_id, cid, "ReverseTransaction", body)),)
 
 
 RULE_VERSIONS: dict[str, int] = {spec.name: spec.version for spec in RULES.values()}

@@ -42,7 +42,7 @@ from streams.inflight import InFlight, Reservation, coordinator_key, reservation
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, settlement
 from streams.routing import ENGINE_CLIENT
-from streams.wire import command_from_wire, command_to_wire, rejection_to_wire
+from streams.wire import command_from_wire, command_record, command_to_wire, rejection_to_wire
 
 if TYPE_CHECKING:
     from streams.partition import PartitionProcessor
@@ -260,8 +260,7 @@ class Spanning:
 
     def _send(self, key: str, kind: str, partition: int, routing_key: str, at_ms: int, body: dict) -> None:
         command_id = names.step_id(key, kind.lower(), partition if kind != "Vote" else body["participant"])
-        self.proc.send_wire({"command_id": command_id, "client_id": ENGINE_CLIENT, "body": (f"ledger.{kind}", body)},
-                            routing_key, partition, at_ms)
+        self.proc.send_wire(command_record(ENGINE_CLIENT, command_id, kind, body), routing_key, partition, at_ms)
 
     # --- steps 2-4: engine commands ------------------------------------------------------------------------
     def handle(self, kind: str, record: dict[str, Any], offset: int, at_ms: int) -> None:
@@ -766,6 +765,5 @@ class Spanning:
                                             at_ms=at_ms, hold_id=hold_id), offset)
 
     def _transaction(self, body: dict, at_ms: int) -> core.PostTransaction:
-        record = {"command_id": body["transaction_command_id"], "client_id": body["transaction_client_id"],
-                  "body": ("ledger.PostTransaction", body["transaction"])}
-        return command_from_wire(record, at_ms)
+        return command_from_wire(command_record(body["transaction_client_id"], body["transaction_command_id"],
+                                                "PostTransaction", body["transaction"]), at_ms)

@@ -58,6 +58,15 @@ def _optional_minor(text: str | None, field: str) -> int | None:
 # --- commands -------------------------------------------------------------------------------------------
 
 
+COMMAND_NAMESPACE = "ledger"  # a command body's type name is "<namespace>.<kind>" (schemas/command.avsc)
+
+
+def command_record(client_id: str, command_id: str, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A Command record as the commands topic carries it: the one place such a record is built (client,
+    rules, the worker's own steps). kind: the body's type, e.g. "PostTransaction"; body: its fields, wire form."""
+    return {"command_id": command_id, "client_id": client_id, "body": (f"{COMMAND_NAMESPACE}.{kind}", body)}
+
+
 def command_from_wire(record: dict[str, Any], at_ms: int) -> core.Command:
     """A decoded Command record -> a core command at log time at_ms. Raises WireError."""
     name, body = record["body"]
@@ -156,7 +165,7 @@ def command_to_wire(command: core.Command) -> dict[str, Any]:
                 "occurred_at_ms": command.occurred_at_ms}
     else:
         body = {"account_id": command.account_id}
-    return {"command_id": command.command_id, "client_id": command.client_id, "body": (f"ledger.{kind}", body)}
+    return command_record(command.client_id, command.command_id, kind, body)
 
 
 # --- state records ----------------------------------------------------------------------------------------

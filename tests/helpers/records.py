@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from schemas.codec import codec
 from streams import routing
+from streams.wire import command_record
 
 C = codec()
 N = 8  # partitions of the tests' ledger
 
 
 def command(command_id: str, body_name: str, body: dict, client: str = "t") -> bytes:
-    return C.encode("command", {"command_id": command_id, "client_id": client, "body": (f"ledger.{body_name}", body)})
+    return C.encode("command", command_record(client, command_id, body_name, body))
 
 
 def open_account(account: str, currency: str = "USD", client: str = "t", max_balance: int | None = None) -> bytes:
