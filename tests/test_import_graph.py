@@ -264,10 +264,6 @@ def test_benchmarks_import_nothing_from_tests():
     assert not found
 
 
-@pytest.mark.xfail(strict=True, reason="test_end_to_end.latest_balances, test_interleavings' bus drivers, "
-                                       "test_edge's forged engine steps and test_wallet_ops.outcome are still "
-                                       "imported by other test modules, in files the cross-partition rework is "
-                                       "changing; they move to tests/helpers/ then (and this mark goes)")
 def test_no_test_module_imports_another_test_module():
     """Shared test code lives in tests/helpers/ (or a conftest's fixtures), not in a test module that another
     one imports: renaming or deleting a test then never breaks an unrelated one."""

@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from tests.engine.test_end_to_end import latest_balances
 from tests.harness import ROOT
+from tests.helpers.topics import latest_balances
 
 
 def submit(settings, text: str, *args: str) -> subprocess.CompletedProcess:

@@ -12,20 +12,11 @@ from streams.routing import ENGINE_CLIENT
 from streams.seal import DEVELOPMENT, Seal
 from streams.store import MemoryStore
 from tests.helpers.bus import Bus
-from tests.helpers.records import N, batch, command, local_users, open_account, place_hold, transfer, tx
+from tests.helpers.forged import decide, reserve
+from tests.helpers.records import N, T0, batch, command, local_users, open_account, place_hold, transfer, tx
+from tests.helpers.results import answer, results
 
 C = codec()
-T0 = 1_700_000_000_000
-
-
-def results(outputs) -> list[dict]:
-    return [C.decode("result", o.value) for o in outputs if o.topic == "results"]
-
-
-def answer(outputs, command_id: str) -> dict:
-    found = [r for r in results(outputs) if r["command_id"] == command_id and not r["duplicate"]]
-    assert len(found) == 1, (command_id, results(outputs))
-    return found[0]
 
 
 def assert_all_fit(outputs, changelog) -> None:
@@ -42,24 +33,6 @@ def funded(proc: PartitionProcessor, accounts: list[str], amount: int = 10_000) 
     outputs, _ = proc.take()
     assert all(r["outcome"] == "accepted" for r in results(outputs)), results(outputs)
     proc.state.commit(0)
-
-
-def reserve(command_id: str, debtor: str, creditor: str, amount: str, coordinator: int,
-            tx_client: str = "mallory", tx_command: str = "steal-1") -> bytes:
-    body = {"transaction_client_id": tx_client, "transaction_command_id": tx_command,
-            "coordinator_partition": coordinator,
-            "transaction": {"transaction_id": tx_command, "kind": "transfer", "reference": None, "links": [],
-                            "metadata": {}, "occurred_at_ms": None, "rate_snapshot_id": None,
-                            "legs": [{"account_id": debtor, "amount": f"-{amount}" if amount.isdigit() else amount,
-                                      "hold_id": None, "currency": None},
-                                     {"account_id": creditor, "amount": amount, "hold_id": None,
-                                      "currency": "USD"}]}}
-    return command(command_id, "Reserve", body, client=ENGINE_CLIENT)
-
-
-def decide(command_id: str, commit: bool, tx_client: str = "mallory", tx_command: str = "steal-1") -> bytes:
-    return command(command_id, "Decide", {"transaction_client_id": tx_client, "transaction_command_id": tx_command,
-                                          "commit": commit}, client=ENGINE_CLIENT)
 
 
 # --- sizes -------------------------------------------------------------------------------------------------

@@ -3,13 +3,10 @@ from __future__ import annotations
 
 from connectors.client import LedgerClient, Leg
 from connectors.demo import EXPECTED, final_balances, run_example
-from projections.topics import latest_per_account, read_topic
+from projections.topics import read_topic
 from projections.verify import format_report, verify, wait_quiescent
 from streams import routing
-
-
-def latest_balances(settings) -> dict[str, dict]:
-    return {account: r.value for account, r in latest_per_account(read_topic(settings, "balances")).items()}
+from tests.helpers.topics import latest_balances
 
 
 def test_open_deposit_and_transfer(settings, start_worker):

@@ -15,8 +15,8 @@ from collections import Counter
 
 from hypothesis import example, given, strategies as st
 
-from tests.engine.test_interleavings import PROPERTY, checked_bus, operation_lists, run_interleaved, send, step
 from tests.helpers.bus import Bus, Crash
+from tests.helpers.interleavings import PROPERTY, checked_bus, operation_lists, run_interleaved, send
 from tests.helpers.records import open_account, tx
 
 USER = "user:ann:USDT"

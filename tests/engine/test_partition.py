@@ -539,7 +539,9 @@ def test_a_command_that_fails_part_way_leaves_the_batch_staged_before_it_intact(
     a deposit; then a sealed step that fails part way is undone. What the batch staged before it stays: the
     balances, the first hold's expiry (it expires on time) and the second's removal (it does not expire)."""
     from streams.seal import DEVELOPMENT
-    from tests.engine.test_edge import T0, answer, reserve
+    from tests.helpers.forged import reserve
+    from tests.helpers.records import T0
+    from tests.helpers.results import answer
 
     ann = local_users(1)[0]
     proc = PartitionProcessor(0, N, MemoryStore())

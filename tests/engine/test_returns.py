@@ -6,8 +6,8 @@ from __future__ import annotations
 from connectors.client import LedgerClient, Leg
 from projections.topics import read_topic
 from projections.verify import format_report, verify, wait_quiescent
-from tests.engine.test_end_to_end import latest_balances
-from tests.engine.test_wallet_ops import outcome
+from tests.helpers.results import outcome
+from tests.helpers.topics import latest_balances
 
 
 def test_a_chargeback_after_the_money_is_spent_overdraws_into_the_receivable(settings, start_worker):

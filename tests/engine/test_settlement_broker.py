@@ -13,8 +13,8 @@ import time
 from connectors import rules
 from connectors.client import LedgerClient
 from projections.verify import format_report, verify
-from tests.engine.test_end_to_end import latest_balances
 from tests.helpers.cli import cli
+from tests.helpers.topics import latest_balances
 from tests.rules.scenario import in_different_partitions
 
 assert in_different_partitions("alice", "bob")

@@ -18,12 +18,9 @@ from projections.api import create_app
 from projections.projector import catch_up
 from projections.topics import read_topic
 from projections.verify import format_report, verify, wait_quiescent
-from tests.engine.test_end_to_end import latest_balances
 from tests.helpers.cli import cli
-
-
-def outcome(result: dict) -> str:
-    return result["outcome"] if result["outcome"] == "accepted" else result["reason"]
+from tests.helpers.results import outcome
+from tests.helpers.topics import latest_balances
 
 
 def test_wallet_operations_through_the_broker(settings, start_worker, tmp_path):

@@ -2,6 +2,11 @@
 
 - ``tests.helpers.records``: encoded commands (``command``, ``open_account``, ``transfer``, ``tx``,
   ``place_hold``, ``batch``) and accounts placed in a chosen partition (``local_users``).
+- ``tests.helpers.results``: a processor's decoded results, one command's ``answer``, a result's ``outcome``.
+- ``tests.helpers.forged``: two-phase engine steps written by hand (``reserve``, ``decide``), as a forger would.
+- ``tests.helpers.topics``: what a real broker's topics hold (``latest_balances``).
+- ``tests.helpers.interleavings``: the bus driven with the oracles checking every step (``checked_bus``, ``send``,
+  ``step``, ``finish``) and the property test's generator and driver (``operation_lists``, ``run_interleaved``).
 - ``tests.helpers.bus``: ``Bus``, eight PartitionProcessors wired together without Kafka, with a seeded
   scheduler, redeliveries and crash-restores; ``assert_books_balance`` for a quiet bus.
 - ``tests.helpers.trade``: the exchange example of DESIGN.md §8 on the bus (two users in two partitions).

@@ -7,6 +7,7 @@ from streams.wire import command_record
 
 C = codec()
 N = 8  # partitions of the tests' ledger
+T0 = 1_700_000_000_000  # log time where the tests that drive a PartitionProcessor by hand start
 
 
 def command(command_id: str, body_name: str, body: dict, client: str = "t") -> bytes:
