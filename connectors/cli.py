@@ -763,6 +763,8 @@ def tail(
 ) -> None:
     """Print results as they are published (Ctrl-C to stop)."""
     import json
+    import signal
+    import threading
     import uuid
 
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
@@ -777,8 +779,13 @@ def tail(
     start = OFFSET_BEGINNING if from_start else OFFSET_END
     consumer.assign([TopicPartition(settings.topic("results"), p, start) for p in range(settings.partitions)])
     c = codec()
+    # Ctrl-C (or a TERM) ends the loop between two polls: raised inside librdkafka's poll, KeyboardInterrupt
+    # could leave close() waiting for good.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
-        while True:
+        while not stop.is_set():
             for msg in consumer.consume(500, timeout=0.2):
                 if msg.error():
                     continue
@@ -793,8 +800,6 @@ def tail(
                     outcome = r["outcome"] + (f" {r['reason']}: {r['detail']}" if r["reason"] else "")
                     dup = " (duplicate)" if r["duplicate"] else ""
                     typer.echo(f"{r['client_id']}/{r['command_id']}: {outcome}{dup}")
-    except KeyboardInterrupt:
-        pass
     finally:
         consumer.close()
 

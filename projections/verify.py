@@ -418,10 +418,8 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
         if f":{RECEIVABLE_MARK}" in e.value["account_id"]:
             receivable[(e.value["client_id"], e.value["command_id"])].append(
                 (e.value["account_id"], e.value["kind"] != "account_opened"))
-    for key, cmds in sent.items():
-        if key not in accepted or key[0] == ENGINE_CLIENT:
-            continue
-        kind, body = _body(cmds[0])
+    def mismatch(key: CommandKey, kind: str, body: dict) -> str | None:
+        """Why the accepted command (kind, body) did not change the books exactly once; None if it did."""
         expected = len(body["legs"]) if kind == "PostTransaction" else \
             per_transaction[body["reverses"]] if kind == "ReverseTransaction" else \
             0 if kind in ("RegisterCurrency", "RecordRate") else 1  # a currency or a rate changes no account
@@ -429,18 +427,29 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
             named = {leg["account_id"] for leg in body["legs"]}
             added = [is_leg for account, is_leg in receivable[key] if account not in named]
             if expected + len(added) - sum(added) <= per_command[key] <= expected + len(added):
-                continue
+                return None
         if f"{key[0]}/{key[1]}" in spanning:
             share = names.transaction_key(*key)
             # A late capture's leg is left out when the receivable took all of it.
             if per_command[key] or not _shares(body["legs"]) - overdrawn[share] <= committed[share] <= \
                     _shares(body["legs"]):
-                report.fail("P4", f"command {key} has {per_command[key]} history entries under its own id and "
-                                  f"{committed[f'{key[0]}/{key[1]}']} under its commits, expected 0 and "
-                                  f"{_shares(body['legs'])}")
-            continue
+                return (f"command {key} has {per_command[key]} history entries under its own id and "
+                        f"{committed[share]} under its commits, expected 0 and {_shares(body['legs'])}")
+            return None
         if per_command[key] != expected:
-            report.fail("P4", f"command {key} has {per_command[key]} history entries, expected {expected}")
+            return f"command {key} has {per_command[key]} history entries, expected {expected}"
+        return None
+
+    for key, cmds in sent.items():
+        if key not in accepted or key[0] == ENGINE_CLIENT:
+            continue
+        # Records under one id with different payloads: one was decided, the others were answered
+        # id_conflict or not_authenticated (someone else wrote them) and changed nothing. The accepted one
+        # is whichever of them the books agree with.
+        payloads = list({repr(_body(cmd)): _body(cmd) for cmd in cmds}.values())
+        why = [mismatch(key, kind, body) for kind, body in payloads]
+        if all(why):
+            report.fail("P4", why[0])
 
 
 def check_seq_and_posted_after(report: Report, journals: dict[str, list[dict]]) -> None:
