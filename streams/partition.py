@@ -48,6 +48,8 @@ from streams.wire import (
 )
 
 CHANGELOG_OFFSET_KEY = b"m/changelog"
+# The highest offset of the commands topic whose effects the state holds (the source_offset of its StateChanges).
+APPLIED_OFFSET_KEY = b"m/applied"
 # Decoded account, hold and transaction records kept between batches, at most (streams/partition.py commit).
 DECODED_CACHE_LIMIT = int(os.environ.get("LEDGER_DECODED_CACHE", "100000"))
 log = logging.getLogger("ledger.partition")
@@ -259,6 +261,9 @@ class PartitionState:
         """Stage every write of one StateChange record (restore passes only the record; the live path also
         passes the decoded accounts and holds it already has, in the record's order)."""
         puts, touch = self._puts, self._touch
+        if change["source_offset"] > self.applied_offset():
+            touch(APPLIED_OFFSET_KEY)
+            puts[APPLIED_OFFSET_KEY] = str(change["source_offset"]).encode()
         for i, record in enumerate(change["accounts"]):
             account = accounts[i] if accounts is not None else account_from_record(record)
             self._accounts[account.id] = account
@@ -355,6 +360,11 @@ class PartitionState:
         self._not_in_inbox = None
         self._load_expiries()
         self._load_currencies()
+
+    def applied_offset(self) -> int:
+        """The highest commands offset whose effects are staged or stored (-1: none)."""
+        value = self._get(APPLIED_OFFSET_KEY)
+        return -1 if value is None else int(value)
 
     def changelog_offset(self) -> int:
         raw = self.store.get(CHANGELOG_OFFSET_KEY)
@@ -610,7 +620,12 @@ class PartitionProcessor:
 
     def expire_due(self, offset: int, now_ms: int) -> None:
         """Expire every open hold whose expires_at_ms has passed in log time (deterministic: P7), and drop the
-        reservations of copies whose coordinator never confirmed them (spanning.expire_copies)."""
+        reservations of copies whose coordinator never confirmed them (spanning.expire_copies). Not for a
+        record delivered again whose effects the state holds already: it was read once, and what fell due
+        then was expired then; its time must not move expiries after a crash (a later record of earlier log
+        time decided them the first time)."""
+        if offset < self.state.applied_offset():  # (the same offset: the other commands of one batch record)
+            return
         if self.spanning.expire_copies(offset, now_ms):
             self.spanning.drain(offset)
         heap = self.state.expiries

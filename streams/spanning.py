@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import defaultdict
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import json
@@ -193,10 +192,12 @@ class Spanning:
                 # a redelivery a retry).
                 # A refusal of the whole (its rate, double entry) is part of this partition's vote, weighed
                 # with the others' as one partition weighs its stages (an unknown account elsewhere first).
-                self._reserve(key, names.step_id(key, "reserve", p), _fingerprint("Reserve", body), body, offset, tx.at_ms,
+                self._reserve(key, names.step_id(key, "reserve", p), _fingerprint("Reserve", body), body, offset,
+                              tx.at_ms,
                               refusals)
         proc.commit_change(ENGINE_CLIENT, names.step_id(key, names.BEGIN), "", offset,
-                           _accepted(names.step_id(key, names.BEGIN), tx.at_ms, f"reserving in partitions {participants}"),
+                           _accepted(names.step_id(key, names.BEGIN), tx.at_ms,
+                                     f"reserving in partitions {participants}"),
                            records=[(coordinator_key(key), record.to_json())])
 
     def cancel_copies(self, tx: core.PostTransaction) -> None:
@@ -358,7 +359,8 @@ class Spanning:
                 if failure is not None:
                     failures.append(failure)
         tag = "~copy" if copy else ""
-        holds = {account_id: core.PlaceHold(command_id=names.step_id(key + tag, "hold", account_id), client_id=ENGINE_CLIENT,
+        holds = {account_id: core.PlaceHold(command_id=names.step_id(key + tag, "hold", account_id),
+                                            client_id=ENGINE_CLIENT,
                                             at_ms=at_ms, hold_id=names.internal_hold(key, account_id, tag),
                                             account_id=account_id, amount=amount)
                  for account_id, amount in plain.items()}
@@ -486,7 +488,8 @@ class Spanning:
                 break
             reservation = self._reservation(key)
             if reservation is not None and reservation.copy:
-                self._unreserve(key, reservation, names.step_id(key, "copyexpired", self.proc.partition), offset, now_ms)
+                self._unreserve(key, reservation, names.step_id(key, "copyexpired", self.proc.partition), offset,
+                                now_ms)
         return True
 
     # --- commands that wait for transactions in flight -----------------------------------------------------
@@ -628,7 +631,8 @@ class Spanning:
                 return Rejection.ACCOUNT_CLOSED, f"receivable {receivable.id} is closed"
         if account.status is core.AccountStatus.CLOSED or (account.status is core.AccountStatus.FROZEN
                                                            and not judged):
-            reason = Rejection.ACCOUNT_FROZEN if account.status is core.AccountStatus.FROZEN else Rejection.ACCOUNT_CLOSED
+            frozen = account.status is core.AccountStatus.FROZEN
+            reason = Rejection.ACCOUNT_FROZEN if frozen else Rejection.ACCOUNT_CLOSED
             return reason, f"account {account.id} is {account.status.value}"
         return None
 
@@ -761,8 +765,8 @@ class Spanning:
         return None if data is None else Reservation.from_json(data)
 
     def _release(self, key: str, hold_id: str, account_id: str, offset: int, at_ms: int, tag: str = "") -> None:
-        self.proc.execute(core.ReleaseHold(command_id=names.step_id(key + tag, "release", account_id), client_id=ENGINE_CLIENT,
-                                            at_ms=at_ms, hold_id=hold_id), offset)
+        self.proc.execute(core.ReleaseHold(command_id=names.step_id(key + tag, "release", account_id),
+                                           client_id=ENGINE_CLIENT, at_ms=at_ms, hold_id=hold_id), offset)
 
     def _transaction(self, body: dict, at_ms: int) -> core.PostTransaction:
         return command_from_wire(command_record(body["transaction_client_id"], body["transaction_command_id"],
