@@ -277,8 +277,15 @@ start() {
 
   local t0; t0=$(date +%s%N)
   if [ ! -f "$KDIR/cluster.id" ]; then
-    # base64url of 16 random bytes, the form Kafka's own random-uuid command prints.
-    python3 -c 'import base64,uuid;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' >"$KDIR/cluster.id"
+    # base64url of 16 random bytes, the form Kafka's own random-uuid command prints; like Kafka's Uuid, never
+    # starting with '-' (one id in 64 did, and kafka-storage then read it as an option: "expected one argument").
+    python3 -c '
+import base64, uuid
+while True:
+    cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not cid.startswith("-"):
+        print(cid)
+        break' >"$KDIR/cluster.id"
   fi
   local cid; cid=$(cat "$KDIR/cluster.id")
   SCRAM_ARGS=()
