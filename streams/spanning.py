@@ -174,31 +174,31 @@ class Spanning:
                                _accepted(retry_id, tx.at_ms, "answered when decided"),
                                records=[(coordinator_key(key), pending.with_retry().to_json())])
             return
-        refusals = self._whole(tx)
-        invalid = [f for f in refusals if f[0] is Rejection.INVALID_COMMAND]
+        shape = core.transaction_shape_failures(tx)  # as the core's first stage: before any state is read
+        refusals = shape or self._whole(tx)
+        invalid = shape or [f for f in refusals if f[0] is Rejection.INVALID_COMMAND]
         if invalid:
-            proc.reject_command(tx, *invalid[0])
+            proc.reject_command(tx, *min(invalid))
             return
         participants = list(self.plan(tx).participants)
         record = InFlight.begun(command_to_wire(tx)["body"][1], tx.at_ms, participants, tx.fingerprint())
+        own: list[tuple[str, Any]] = []
         for p in participants:
             body = {"transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
                     "coordinator_partition": proc.partition, "transaction": record.tx}
             if p != proc.partition:
                 self._send(key, "Reserve", p, self._key_in(tx, p), tx.at_ms, body)
-            elif self.state.change_record(ENGINE_CLIENT, names.step_id(key, "reserve", p)) is None:
-                # Its own debits are reserved here and now, at the command's position (P10); before the begin
-                # record, so a crash between the two leaves a prefix a redo completes (the begin record makes
-                # a redelivery a retry).
-                # A refusal of the whole (its rate, double entry) is part of this partition's vote, weighed
-                # with the others' as one partition weighs its stages (an unknown account elsewhere first).
-                self._reserve(key, names.step_id(key, "reserve", p), _fingerprint("Reserve", body), body, offset,
-                              tx.at_ms,
-                              refusals)
+                continue
+            # Its own legs are reserved here and now, at the command's position (P10), and its vote counted
+            # in place (no Vote to itself), in the begin record's StateChange: a crash before it leaves only
+            # the internal holds' own steps, which the redo finds done. A refusal of the whole (its rate,
+            # double entry) is part of this vote, weighed with the others' as one partition weighs its stages.
+            failure, own = self._reserve_share(key, tx, offset, tx.at_ms, copy=False, refusals=refusals)
+            record = record.with_vote(p, *self._vote_of(tx, failure))
         proc.commit_change(ENGINE_CLIENT, names.step_id(key, names.BEGIN), "", offset,
                            _accepted(names.step_id(key, names.BEGIN), tx.at_ms,
                                      f"reserving in partitions {participants}"),
-                           records=[(coordinator_key(key), record.to_json())])
+                           records=[*own, (coordinator_key(key), record.to_json())])
 
     def cancel_copies(self, tx: core.PostTransaction) -> None:
         """The coordinator refused a transaction its producer placed in several partitions: the copies'
@@ -273,6 +273,10 @@ class Spanning:
             proc.answer_again(stored)
             if kind == "Decide":  # a crash may have cut the waiting commands it woke: they go on
                 self.drain(offset)
+            if kind == "Vote":  # a crash may have cut the coordinator's own commit after the decision
+                body = record["body"][1]
+                self._decide_own(names.transaction_key(body["transaction_client_id"],
+                                                       body["transaction_command_id"]), offset, at_ms)
             return
         proc.expire_due(offset, at_ms)
         body = record["body"][1]
@@ -301,8 +305,7 @@ class Spanning:
                 failure = Rejection.from_code(copied["reason"]), copied["detail"]
             else:
                 failure, records = self._reserve_share(key, tx, offset, at_ms, copy=False, refusals=refusals)
-        reason, detail = (None, self._late_note(tx)) if failure is None else \
-            (failure[0].code, limits.clip(failure[1], VOTE_DETAIL_CHARS))
+        reason, detail = self._vote_of(tx, failure)
         wire = _accepted(command_id, at_ms) if failure is None else \
             rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, failure[0], failure[1])
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records)
@@ -311,6 +314,12 @@ class Spanning:
             "transaction_client_id": body["transaction_client_id"],
             "transaction_command_id": body["transaction_command_id"],
             "participant": proc.partition, "reason": reason, "detail": detail})
+
+    def _vote_of(self, tx: core.PostTransaction, failure: tuple[Rejection, str] | None) -> tuple[str | None, str]:
+        """A participant's vote: (None, late_settlement or "") when it reserved, else (reason code, detail)."""
+        if failure is None:
+            return None, self._late_note(tx)
+        return failure[0].code, limits.clip(failure[1], VOTE_DETAIL_CHARS)
 
     def _late_note(self, tx: core.PostTransaction) -> str:
         """A reserved vote's detail: late_settlement when this partition's captures settle an ended hold, so the
@@ -370,6 +379,8 @@ class Spanning:
                 if judged.outcome != "accepted":
                     failures.append((judged.reason, judged.detail))
             failures += self._credit_failures(key, tx, credits, offset, at_ms)
+            if where.coordinator == proc.partition:
+                failures += self._system_failures(key, tx, offset, at_ms)
         failures += refusals
         if not failures:
             budget = self._over_budget(key, list(plain) + [a for a, _ in locks.values()] + list(credits), locks,
@@ -392,7 +403,10 @@ class Spanning:
         for account_id, amount in credits.items():
             current = state.record(f"n/{account_id}") or {}
             records.append((f"n/{account_id}", {**current, key: amount}))
-        for account_id in dict.fromkeys([a for _, a, _ in placed] + [a for a, _ in locks.values()] + list(credits)):
+        system = [proc.local(leg.account_id) for leg in tx.legs if routing.is_system(leg.account_id)] \
+            if where.coordinator == proc.partition else []
+        for account_id in dict.fromkeys([a for _, a, _ in placed] + [a for a, _ in locks.values()] + list(credits)
+                                        + system):
             current = state.record(f"k/{account_id}") or []
             records.append((f"k/{account_id}", [*current, key]))
         reservation = Reservation(holds=tuple((h, a, n) for h, a, n in placed),
@@ -401,6 +415,28 @@ class Spanning:
                                   tag=tag, copy=tx.fingerprint() if copy else None)
         records.append((reservation_key(key), reservation.to_json()))
         return None, records
+
+    def _system_failures(self, key: str, tx: core.PostTransaction, offset: int,
+                         at_ms: int) -> list[tuple[Rejection, str]]:
+        """The legs on system accounts, which post at the coordinator, judged by the core as they will post:
+        on the local shards, against the clearing shard (a frozen or closed shard refuses, as in one
+        partition); a freeze or close of those shards then waits for the decision (their k/ marks)."""
+        proc = self.proc
+        system = [leg for leg in tx.legs if routing.is_system(leg.account_id)]
+        if not system:
+            return []
+        totals: dict[str, int] = defaultdict(int)
+        for leg in system:
+            totals[routing.system_currency(leg.account_id)] += leg.amount
+        proc.open_shards([leg.account_id for leg in system] + [names.clearing(c) for c in totals], tx, offset)
+        legs = [Leg(proc.local(leg.account_id), leg.amount) for leg in system]
+        legs += [Leg(routing.shard_of(names.clearing(c), proc.partition), -n) for c, n in totals.items() if n]
+        if len(legs) < 2:
+            return []  # (one system leg cannot net to zero: its clearing leg is there)
+        probe = core.PostTransaction(command_id=names.step_id(key, "system"), client_id=ENGINE_CLIENT, at_ms=at_ms,
+                                     transaction_id=tx.transaction_id, kind=tx.kind, legs=tuple(legs))
+        result = core.decide(self.state, probe, proc.currencies)
+        return [] if result.outcome == "accepted" else [(result.reason, result.detail)]
 
     def _credit_failures(self, key: str, tx: core.PostTransaction, credits: dict[str, int], offset: int,
                          at_ms: int) -> list[tuple[Rejection, str]]:
@@ -583,13 +619,23 @@ class Spanning:
         if isinstance(command, (core.ReleaseHold, core.ExpireHold)):
             return not command.hold_id.startswith(INTERNAL_HOLD_MARK) and self.locked(command.hold_id)
         if isinstance(command, (core.FreezeAccount, core.CloseAccount)):
-            return bool(self.state.record(f"k/{command.account_id}"))
+            return bool(self.state.record(f"k/{self.proc.local(command.account_id)}"))
+        credited: list[tuple[str, int]] = []
         if isinstance(command, core.PostTransaction):
-            for leg in command.legs:
-                if leg.amount > 0 and self.state.record(f"n/{leg.account_id}"):
-                    account = self.state.account(leg.account_id)
-                    if account is not None and account.policy.max_balance is not None:
-                        return True
+            credited = [(leg.account_id, leg.amount) for leg in command.legs if leg.amount > 0]
+        elif isinstance(command, core.ReverseTransaction):  # it credits what the original debited
+            original = self.state.transaction(command.reverses)
+            credited = [] if original is None else [(leg.account_id, -leg.amount) for leg in original.legs
+                                                    if leg.amount < 0]
+        for account_id, amount in credited:
+            reserved = self.state.record(f"n/{account_id}")
+            if reserved:
+                account = self.state.account(account_id)
+                # The reserved credits were judged on what the account holds now: a credit that could take it
+                # past its cap, or past what an amount may be, would make their commits fail. It waits.
+                if account is not None and (account.policy.max_balance is not None or
+                                            account.posted + sum(reserved.values()) + amount > core.MAX_ABS_AMOUNT):
+                    return True
         return False
 
     def _over_budget(self, key: str, accounts: list[str], locks: dict[str, list],
@@ -677,8 +723,26 @@ class Spanning:
         for _ in range(pending.retries):
             proc.emit_result({**result_wire, "duplicate": True})
         for p in pending.reserved:
-            self._send(key, "Decide", p, self._key_in(tx, p), at_ms, {
-                "transaction_client_id": client_id, "transaction_command_id": tx_command_id, "commit": commit})
+            if p != proc.partition:
+                self._send(key, "Decide", p, self._key_in(tx, p), at_ms, {
+                    "transaction_client_id": client_id, "transaction_command_id": tx_command_id, "commit": commit})
+        self._decide_own(key, offset, at_ms)
+
+    def _decide_own(self, key: str, offset: int, at_ms: int) -> None:
+        """The coordinator's own share, committed or released in place once the transaction is decided (no
+        Decide to itself), after the vote that ends the in-flight record: a client's retry woken by it is
+        then answered from the inbox. Called again by a redelivered final vote, it completes what a crash cut."""
+        decide_id = names.step_id(key, "decide", self.proc.partition)
+        if self.state.change_record(ENGINE_CLIENT, decide_id) is not None or self._reservation(key) is None \
+                or self._in_flight(key) is not None:
+            return  # done, nothing reserved here, or not decided yet
+        client_id, tx_command_id = key.split("/", 1)
+        decided = self.state.change_record(client_id, tx_command_id)
+        if decided is None:
+            return
+        body = {"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
+                "commit": self.proc.codec.decode("result", decided["result"])["outcome"] == "accepted"}
+        self._decide(key, decide_id, _fingerprint("Decide", body), body, offset, at_ms)
 
     def _decide(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
         proc, state = self.proc, self.state
@@ -713,10 +777,21 @@ class Spanning:
         for account_id, _ in reservation.credits:
             rest = {k: v for k, v in (state.record(f"n/{account_id}") or {}).items() if k != key}
             records.append((f"n/{account_id}", rest or None))
-        for account_id in reservation.accounts:
+        for account_id in reservation.accounts + self._system_shards(key, reservation):
             rest = [k for k in (state.record(f"k/{account_id}") or []) if k != key]
             records.append((f"k/{account_id}", rest or None))
         return records
+
+    def _system_shards(self, key: str, reservation: Reservation) -> list[str]:
+        """The local shards of the system accounts the transaction names, when this partition coordinates it
+        (its reservation marked them: a freeze or close of them waits)."""
+        client_id, command_id = key.split("/", 1)
+        tx = self._transaction({"transaction_client_id": client_id, "transaction_command_id": command_id,
+                                "transaction": reservation.tx}, reservation.at_ms)
+        if self.plan(tx).coordinator != self.proc.partition:
+            return []
+        return list(dict.fromkeys(self.proc.local(leg.account_id) for leg in tx.legs
+                                  if routing.is_system(leg.account_id)))
 
     def _reindex(self, reservation: Reservation) -> None:
         state = self.state

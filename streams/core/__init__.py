@@ -20,7 +20,7 @@ from streams.core.commands import (
     accounts_touched,
     reversal_of,
 )
-from streams.core.decide import MAX_LEGS, decide, execute
+from streams.core.decide import MAX_LEGS, decide, execute, transaction_shape_failures
 from streams.core.events import (
     AccountOpened,
     AccountStatusChanged,
@@ -66,7 +66,7 @@ __all__ = [
     "DEFAULT_CURRENCIES", "DEFAULT_POLICY", "Event", "ExpireHold", "FreezeAccount", "HistoryEntry", "Hold",
     "HoldExpired", "HoldPlaced", "HoldReleased", "HoldStatus", "InboxKey", "Leg", "MAX_ABS_AMOUNT", "MAX_LEGS",
     "MemoryState", "OpenAccount", "PlaceHold", "PostTransaction", "PostedTransaction", "Processed", "RateSnapshot",
-    "RecordRate", "RegisterCurrency", "Rejection", "transaction_urgency", "ReleaseHold", "Result", "ReverseTransaction", "SYSTEM_POLICY",
+    "RecordRate", "RegisterCurrency", "Rejection", "transaction_urgency", "transaction_shape_failures", "ReleaseHold", "Result", "ReverseTransaction", "SYSTEM_POLICY",
     "StateReader", "TransactionPosted", "TransactionReversed", "UnfreezeAccount", "accounts_touched", "apply",
     "assert_changes_balanced", "check_account", "check_hold", "decide",
     "execute", "format_amount", "no_changes", "parse_amount", "reversal_of", "routing_key_for",

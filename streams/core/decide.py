@@ -53,7 +53,7 @@ from streams.core.returns import judge_return, returned_payment
 from streams.core.settlement import LATE_SETTLEMENT, STRICT, ended, judge_capture, receivable_of, terms_of
 from streams.core.state import Changes, StateReader, no_changes
 
-__all__ = ["decide", "execute", "apply", "Result", "MAX_LEGS"]
+__all__ = ["decide", "execute", "apply", "Result", "MAX_LEGS", "transaction_shape_failures"]
 
 # More legs than this is refused as invalid_command: a bound on the work and size of one decision.
 MAX_LEGS = 256
@@ -203,14 +203,12 @@ def _judge_transaction(state: StateReader, c: PostTransaction, currencies: Curre
     return _judge_transaction_rules(state, c, currencies)
 
 
-def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry,
-                             check_rate: bool = True) -> _Judgement:
-    """The general rules for any transaction, in stages following the precedence of Rejection. check_rate:
-    judge the rate snapshot it names (a reversal carries its original's, however old, and is not judged)."""
+def transaction_shape_failures(c: PostTransaction) -> list[_Failure]:
+    """Stage 1 of a transaction's rules: shape and amounts (invalid_command, invalid_amount,
+    amount_out_of_range), judged without any state. The coordinator of a transaction whose legs live in
+    several partitions judges it so before anything is reserved (streams/spanning.py)."""
     legs = c.legs
     failures: list[_Failure] = []
-
-    # Stage 1: shape and amounts (invalid_command, invalid_amount, amount_out_of_range).
     if not c.transaction_id:
         failures.append((_INVALID, "transaction_id is empty"))
     if not c.kind:
@@ -232,8 +230,19 @@ def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies:
             failures.append((Rejection.AMOUNT_OUT_OF_RANGE, f"leg {index}: amount beyond 2**127-1"))
         if leg.hold_id is not None and (amount > 0 or not leg.hold_id):
             failures.append((_INVALID, f"leg {index}: only a debit leg may name a (non-empty) hold"))
+    return failures
+
+
+def _judge_transaction_rules(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry,
+                             check_rate: bool = True) -> _Judgement:
+    """The general rules for any transaction, in stages following the precedence of Rejection. check_rate:
+    judge the rate snapshot it names (a reversal carries its original's, however old, and is not judged)."""
+    legs = c.legs
+    # Stage 1: shape and amounts (invalid_command, invalid_amount, amount_out_of_range).
+    failures: list[_Failure] = transaction_shape_failures(c)
     if failures:
         return min(failures)
+    terms = terms_of(c.metadata) if c.metadata else STRICT
 
     # Stage 2: every account exists and matches the currency a leg asserts.
     accounts: dict[str, Account] = {}
