@@ -65,7 +65,9 @@ def test_two_reserved_credits_overflow_the_clearing_shard():
     assert not bad and not left and clearing == (0, 0)
 
 
-def test_a_reversal_crediting_a_capped_account_with_a_reserved_credit_waits():
+def _reversal_onto_a_reserved_capped_account() -> Bus:
+    """B (max 100) holds 50 and has 50 reserved by a transfer in flight from A; then a reversal of B's earlier
+    withdrawal of 30 would take it to 80 + the reserved 50: it must wait for the transfer's decision."""
     bus = Bus()
     _open(bus, A, allow_negative=True); _open(bus, B, max_balance=100); bus.run()
     _fund(bus, B, 80, "dep"); bus.run()
@@ -75,9 +77,15 @@ def test_a_reversal_crediting_a_capped_account_with_a_reserved_credit_waits():
     bus.step(0)                      # Reserve to P5
     bus.send(command("rev", "ReverseTransaction", {"transaction_id": "rev", "reverses": "out", "account_id": B,
                                                   "reference": None, "occurred_at_ms": None}), B)
-    bus.run()  # P5 votes yes (50+50 <= 100); the reversal (not a PostTransaction: never _blocked) takes B to 80
+    bus.run()
+    return bus
+
+
+def test_a_reversal_crediting_a_capped_account_with_a_reserved_credit_waits():
+    bus = _reversal_onto_a_reserved_capped_account()
     bad, left, clearing = _stuck(bus)
     assert not bad and not left and clearing == (0, 0)
+    assert (bus.result("x")["outcome"], bus.result("rev")["reason"]) == ("accepted", "balance_limit_exceeded")
 
 
 def _stuck(bus):
@@ -153,16 +161,7 @@ def test_a_frozen_system_shard_refuses_the_transaction_before_anything_posts():
 
 
 def test_a_reversal_waits_for_the_credit_reserved_on_a_capped_account_and_nothing_is_stuck():
-    bus = Bus()
-    _open(bus, A, allow_negative=True); _open(bus, B, max_balance=100); bus.run()
-    _fund(bus, B, 80, "dep"); bus.run()
-    bus.send(tx("out", [(B, -30, None, None), ("sys:world:USD", 30, None, None)], kind="withdrawal"), B)
-    bus.run()
-    bus.send(tx("x", [(A, -50, None, None), (B, 50, None, None)], kind="t"), A)
-    bus.step(0)
-    bus.send(command("rev", "ReverseTransaction", {"transaction_id": "rev", "reverses": "out", "account_id": B,
-                                                  "reference": None, "occurred_at_ms": None}), B)
-    bus.run()
+    bus = _reversal_onto_a_reserved_capped_account()
     bus.send(command("fz", "FreezeAccount", {"account_id": B}), B)
     bus.send(tx("w2", [(B, -1, None, None), ("sys:world:USD", 1, None, None)], kind="withdrawal"), B)
     bus.run()
