@@ -273,10 +273,13 @@ class Spanning:
             proc.answer_again(stored)
             if kind == "Decide":  # a crash may have cut the waiting commands it woke: they go on
                 self.drain(offset)
-            if kind == "Vote":  # a crash may have cut the coordinator's own commit after the decision
-                body = record["body"][1]
-                self._decide_own(names.transaction_key(body["transaction_client_id"],
-                                                       body["transaction_command_id"]), offset, at_ms)
+            if kind == "Vote":  # the final vote: a crash may have cut the coordinator's own commit after the
+                body = record["body"][1]  # decision, or the waiting commands that commit woke: they go on
+                key = names.transaction_key(body["transaction_client_id"], body["transaction_command_id"])
+                self._decide_own(key, offset, at_ms)
+                own = self.state.change_record(ENGINE_CLIENT, names.step_id(key, "decide", proc.partition))
+                if own is not None and own["source_offset"] == offset:  # this record committed it: it drains
+                    self.drain(offset)
             return
         proc.expire_due(offset, at_ms)
         body = record["body"][1]

@@ -199,6 +199,19 @@ def test_many_transactions_in_flight_keep_every_promise_in_any_interleaving(oper
                      ("hold", 0, "USDT", 50, 1), ("advance", 13), ("capture", 0, 1, 0), ("trade", 2, 1, 0, 0, 1, 1),
                      ("trade", 2, 1, 0, 0, 1, 1), ("hold", 0, "USDT", 50, 1), ("release", 0), ("release", 0),
                      ("capture", 0, 1, 0)], seed=3238, follow_up_batches=False)
+# The final vote commits the coordinator's own share in place and wakes waiting commands; a crash cutting the
+# woken ones' records: the redelivered vote wakes them again, at its own position (P4, P7).
+@example(operations=[("transfer", 2, 2, "USDT", 229), ("advance", 10), ("transfer", 0, 1, "USDT", 36),
+                     ("trade", 0, 2, 79, 12, 181, 24), ("hold", 1, "BTC", 94, 28), ("freeze", 2, "BTC", False),
+                     ("freeze", 0, "USDT", True), ("transfer", 0, 0, "USDT", 208), ("trade", 1, 1, 14, 48, 203, 16),
+                     ("retry", 22), ("retry", 75), ("hold", 0, "USDT", 322, 18), ("trade", 0, 1, 45, 3, 162, 21),
+                     ("trade", 0, 2, 89, 30, 172, 10), ("release", 96), ("transfer", 1, 0, "USDT", 76),
+                     ("transfer", 0, 2, "USDT", 282)], seed=257, follow_up_batches=True)
+@example(operations=[("hold", 0, "USDT", 50, None), ("trade", 0, 1, 0, 0, 1, 1), ("release", 0), ("release", 86),
+                     ("release", 1), ("hold", 1, "USDT", 50, None), ("transfer", 2, 0, "BTC", 1), ("release", 0),
+                     ("freeze", 2, "BTC", True), ("hold", 0, "USDT", 50, None), ("hold", 0, "USDT", 50, None),
+                     ("hold", 0, "USDT", 50, None), ("hold", 1, "USDT", 50, None), ("trade", 0, 1, 0, 0, 1, 1),
+                     ("hold", 0, "USDT", 50, None)], seed=24061164, follow_up_batches=False)
 def test_many_transactions_in_flight_keep_every_promise_when_a_crash_cuts_a_commands_redo_records(
         operations, seed, follow_up_batches):
     run_interleaved(operations, seed, follow_up_batches, changelog_cuts="anywhere")
