@@ -27,7 +27,7 @@ class TopicRecord:
 
 def _commands_of(c, raw: bytes | None) -> list[tuple[int | None, bytes | None]]:
     """The commands a commands-topic record carries: itself, or each item of a CommandBatch."""
-    if raw is not None and raw[:10] == c.header("command_batch"):
+    if c.is_a("command_batch", raw):
         try:
             return list(enumerate(c.decode("command_batch", raw)["commands"]))
         except DecodeError:

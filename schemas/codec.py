@@ -81,6 +81,14 @@ class Codec:
         """The 10 bytes every message of the current schema `name` starts with (marker + fingerprint)."""
         return self.current[name].header
 
+    def is_a(self, name: str, data: bytes | None) -> bool:
+        """Whether data starts like a message of `name`, in its current or any older version (the body
+        is not checked: decode does that)."""
+        if not data:
+            return False
+        writer = self._writers.get(bytes(data[:10]))
+        return writer is not None and writer.name == name
+
     def encode(self, name: str, record: dict) -> bytes:
         return self._encoders[name](record)
 

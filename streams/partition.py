@@ -17,7 +17,7 @@ import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 from schemas.codec import DecodeError, codec
 from streams import core, limits, names, placement, routing
@@ -27,6 +27,7 @@ from streams.seal import DEVELOPMENT, Headers, Seal
 from streams.authn import Clients
 from streams.core.policy import judge as judge_policy
 from streams.core.rejections import NOT_A_DECISION
+from streams.linking import Linking
 from streams.spanning import SPANNING_KINDS, Spanning
 from streams.store import KeyValueStore
 from streams.wire import (
@@ -53,6 +54,18 @@ APPLIED_OFFSET_KEY = b"m/applied"
 # Decoded account, hold and transaction records kept between batches, at most (streams/partition.py commit).
 DECODED_CACHE_LIMIT = int(os.environ.get("LEDGER_DECODED_CACHE", "100000"))
 log = logging.getLogger("ledger.partition")
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a client command is decided (PartitionProcessor.route): here, as `command` (system accounts
+    rewritten to their local shards, which `shards` names), in another partition (`elsewhere`), in two
+    phases across `spans`, or nowhere (`refusal`)."""
+    command: core.Command | None = None
+    shards: tuple[str, ...] = ()
+    elsewhere: int | None = None
+    spans: tuple[int, ...] = ()
+    refusal: tuple[Rejection, str] | None = None
 
 
 class OutputTooLarge(RuntimeError):
@@ -396,15 +409,15 @@ class PartitionProcessor:
         self.outputs: list[Output] = []
         self.changelog: list[bytes] = []  # encoded StateChange records of the batch, in order
         self.codec = codec()
-        self._batch_header = self.codec.header("command_batch")
         # Where the command being decided sits in the log: "<offset>" or "<offset>.<index in its batch>";
         # unique per command, so ids derived from it are too.
         self.position = ""
         self._homes: dict[str, int | None] = {}
         self.spanning = Spanning(self)
+        self.linking = Linking(self)
         # (command kind, outcome, reason) -> count of results emitted; read and reset by the engine (metrics).
         self.tally: Counter = Counter()
-        self._kind = "unknown"
+        self.kind = "unknown"
         self._offset = 0  # offset of the record being decided (the source of what it stages)
         # Money in this partition's clearing shards per currency, for the in-flight gauge.
         self.clearing: dict[str, int] = {}
@@ -437,18 +450,22 @@ class PartitionProcessor:
         exactly as if each had been a record of its own (with this record's time). headers: the record's
         Kafka headers (the engine's seal, if a worker wrote it)."""
         self._raw, self._sealed, self._signer = (value, headers), None, None
-        if value is not None and value[:10] == self._batch_header:
+        if self.codec.is_a("command_batch", value):
             try:
-                items = self.codec.decode("command_batch", value)["commands"]
+                batch = self.codec.decode("command_batch", value)
             except DecodeError as exc:
-                self._dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
+                self.dead_letter(offset, timestamp_ms, key, value, exc.reason, exc.detail)
+                return
+            items = batch["commands"]
+            if items and batch["linked"]:  # all or nothing (streams/linking.py)
+                self.linking.handle(offset, timestamp_ms, key, items)
                 return
             if not items:
                 if self._is_sealed():  # a worker's tick (streams/ticks.py): log time moves, due holds expire
                     self._tick(offset, timestamp_ms)
                     return
                 # nothing to answer, but the sender should hear that it sent nothing
-                self._dead_letter(offset, timestamp_ms, key, value, "empty", "a CommandBatch without commands")
+                self.dead_letter(offset, timestamp_ms, key, value, "empty", "a CommandBatch without commands")
                 return
             for index, item in enumerate(items):
                 self.position = f"{offset}.{index}"
@@ -459,7 +476,7 @@ class PartitionProcessor:
 
     def _tick(self, offset: int, timestamp_ms: int) -> None:
         """A sealed tick: nothing to decide or answer, only the holds due by its log time expire."""
-        self.position, self._offset, self._kind = str(offset), offset, "tick"
+        self.position, self._offset, self.kind = str(offset), offset, "tick"
         self.state.begin_command()
         self.expire_due(offset, timestamp_ms)
 
@@ -469,76 +486,88 @@ class PartitionProcessor:
             record = self.codec.decode("command", value)
         except DecodeError as exc:
             where = "" if index is None else f"command {index} of the batch: "
-            self._dead_letter(offset, timestamp_ms, key, value, exc.reason, where + exc.detail, index)
+            self.dead_letter(offset, timestamp_ms, key, value, exc.reason, where + exc.detail, index)
             return
         client_id, command_id = record["client_id"], record["command_id"]
-        kind = self._kind = record["body"][0].rsplit(".", 1)[-1]
-        # Nothing a producer writes may stop the worker: a command that fails part way is undone and rejected
-        # alone. Only the store's I/O failures (and running out of memory) end the process.
+        kind = self.kind = record["body"][0].rsplit(".", 1)[-1]
+        self.guarded(offset, f"command {command_id[:200]!r} of {client_id[:200]!r}",
+                     lambda: self._decide_record(record, kind, len(value), offset, timestamp_ms),
+                     lambda why: self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, why))
+
+    def guarded(self, offset: int, what: str, decide: Callable[[], None], refuse: Callable[[str], None]) -> None:
+        """decide() the commands of one record, or, if it fails part way, undo all it staged and refuse(why).
+        Nothing a producer writes may stop the worker; only the store's I/O failures (and running out of
+        memory) end the process."""
         outputs, changelog, tally = len(self.outputs), len(self.changelog), self.tally.copy()
         self._offset = offset
         self.state.begin_command()
         try:
-            self._decide_record(record, kind, len(value), offset, timestamp_ms)
+            decide()
         except (StoreFailure, MemoryError):
             raise
         except Exception as exc:  # noqa: BLE001 - see above
-            log.exception("command %r of %r at %d/%s failed part way; undone and rejected",
-                          command_id[:200], client_id[:200], self.partition, self.position)
+            log.exception("%s at %d/%s failed part way; undone and rejected", what, self.partition, self.position)
             self.state.rollback()
             del self.outputs[outputs:]
             del self.changelog[changelog:]
             self.tally = tally
-            self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
-                         f"unprocessable: {type(exc).__name__}: {exc}")
+            refuse(f"unprocessable: {type(exc).__name__}: {exc}")
 
     def _decide_record(self, record: dict[str, Any], kind: str, size: int, offset: int, timestamp_ms: int) -> None:
-        client_id, command_id = record["client_id"], record["command_id"]
-        if (client_id == ENGINE_CLIENT or kind in SPANNING_KINDS) and not self._is_sealed():
-            self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
-                         f"engine_step_unsealed: a {kind} as client {client_id!r} is taken only from a record "
-                         f"a ledger worker sealed (streams/seal.py); this record has no valid seal")
-            return
-        if self.clients is not None and client_id != ENGINE_CLIENT and not self._is_sealed():
-            refusal = self._unauthenticated(client_id)  # client authentication (streams/authn.py)
-            if refusal is not None:
-                self.reject(command_id, client_id, timestamp_ms, Rejection.NOT_AUTHENTICATED, refusal)
-                return
-        if client_id != ENGINE_CLIENT:  # the engine's own commands derive from commands checked here
-            try:
-                limits.check_command(record, size)
-            except limits.LimitExceeded as exc:
-                self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, exc.detail)
-                return
-        if kind in SPANNING_KINDS:
-            if client_id != ENGINE_CLIENT:
-                self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
-                             f"{kind} is issued by the ledger itself")
-                return
+        if kind in SPANNING_KINDS and record["client_id"] == ENGINE_CLIENT and self._is_sealed():
             self.spanning.handle(kind, record, offset, timestamp_ms)
             return
-        try:
-            command = command_from_wire(record, timestamp_ms)
-        except WireError as exc:
-            self._refuse_unreadable(record, kind, timestamp_ms, exc.reason, exc.detail)
-            return
-        except (TypeError, ValueError) as exc:  # a field the core refuses (e.g. empty id in a Leg)
-            self._refuse_unreadable(record, kind, timestamp_ms, Rejection.INVALID_COMMAND, str(exc))
+        command = self.admit(record, kind, size, timestamp_ms)
+        if isinstance(command, Rejection):
             return
         if isinstance(command, core.PostTransaction) and self.spanning.is_copy(command):
-            if self._not_permitted(command) is not None:
+            if self.not_permitted(command) is not None:
                 return  # nothing to reserve: the coordinator judges the same command and answers it
             self.expire_due(offset, timestamp_ms)
             self.judge(command, offset)
             return
         if self._answer_if_seen(command):
             return
-        refusal = self._not_permitted(command)
+        refusal = self.not_permitted(command)
         if refusal is not None:
             self.reject_command(command, Rejection.NOT_PERMITTED, refusal)
             return
         self.expire_due(offset, timestamp_ms)
         self.judge(command, offset, seen_checked=True)
+
+    def admit(self, record: dict[str, Any], kind: str, size: int, timestamp_ms: int) -> core.Command | Rejection:
+        """The client command a decoded record carries, once it passed the checks every client command
+        passes (the engine's seal on engine steps, client authentication, size limits, readable fields);
+        when it did not, the reason it was answered with."""
+        client_id, command_id = record["client_id"], record["command_id"]
+        if (client_id == ENGINE_CLIENT or kind in SPANNING_KINDS) and not self._is_sealed():
+            self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
+                         f"engine_step_unsealed: a {kind} as client {client_id!r} is taken only from a record "
+                         f"a ledger worker sealed (streams/seal.py); this record has no valid seal")
+            return Rejection.INVALID_COMMAND
+        if self.clients is not None and client_id != ENGINE_CLIENT and not self._is_sealed():
+            refusal = self._unauthenticated(client_id)  # client authentication (streams/authn.py)
+            if refusal is not None:
+                self.reject(command_id, client_id, timestamp_ms, Rejection.NOT_AUTHENTICATED, refusal)
+                return Rejection.NOT_AUTHENTICATED
+        if client_id != ENGINE_CLIENT:  # the engine's own commands derive from commands checked here
+            try:
+                limits.check_command(record, size)
+            except limits.LimitExceeded as exc:
+                self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, exc.detail)
+                return Rejection.INVALID_COMMAND
+        if kind in SPANNING_KINDS:
+            self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
+                         f"{kind} is issued by the ledger itself")
+            return Rejection.INVALID_COMMAND
+        try:
+            return command_from_wire(record, timestamp_ms)
+        except WireError as exc:
+            self._refuse_unreadable(record, kind, timestamp_ms, exc.reason, exc.detail)
+            return exc.reason
+        except (TypeError, ValueError) as exc:  # a field the core refuses (e.g. empty id in a Leg)
+            self._refuse_unreadable(record, kind, timestamp_ms, Rejection.INVALID_COMMAND, str(exc))
+            return Rejection.INVALID_COMMAND
 
     # Client authentication and policy (streams/authn.py, streams/core/policy.py) ----------------------------
     def _unauthenticated(self, client_id: str) -> str | None:
@@ -553,7 +582,7 @@ class PartitionProcessor:
             return f"client_mismatch: a record signed by {signer[:200]!r} carries a command of {client_id[:200]!r}"
         return None
 
-    def _not_permitted(self, command: core.Command) -> str | None:
+    def not_permitted(self, command: core.Command) -> str | None:
         """The refusal detail when the (authenticated) client's policy does not allow this command, which it
         wrote itself; None when it does, when the ledger runs open, and for the engine's sealed records
         (forwarded or derived from a command judged where it arrived)."""
@@ -654,56 +683,53 @@ class PartitionProcessor:
     def local(self, account_id: str) -> str:
         return routing.shard_of(account_id, self.partition) if routing.is_system(account_id) else account_id
 
-    def _route_and_execute(self, command: core.Command, offset: int) -> None:
+    def route(self, command: core.Command) -> "Route":
+        """Where a readable client command is decided, as the engine routes it (facts, not judgement)."""
         if isinstance(command, core.OpenAccount) and routing.is_system(command.account_id):
-            self.reject_command(command, Rejection.INVALID_COMMAND,
-                                 "system accounts (sys:...) open themselves on first use")
-            return
+            return Route(refusal=(Rejection.INVALID_COMMAND, "system accounts (sys:...) open themselves on first use"))
         if isinstance(command, core.PostTransaction):
-            self._transaction(command, offset)
-            return
+            # In one step when every leg lives here (streams/placement.py); by its coordinator in two phases
+            # when its legs live in several partitions; forwarded, unchanged, when it belongs elsewhere.
+            where = self.spanning.plan(command)
+            if where.coordinator is not None and where.coordinator != self.partition:
+                return Route(elsewhere=where.coordinator)
+            if where.spans:
+                return Route(spans=where.participants)
+            legs: list[Leg] = []
+            for leg in command.legs:
+                if routing.is_system(leg.account_id):
+                    if routing.SHARD_MARK in leg.account_id:
+                        return Route(refusal=(Rejection.INVALID_COMMAND, "shard ids (sys:...@n) are internal"))
+                    legs.append(Leg(self.local(leg.account_id), leg.amount, leg.hold_id, leg.currency))
+                else:
+                    legs.append(leg)
+            return Route(command.with_legs(tuple(legs)),
+                         tuple(leg.account_id for leg in command.legs if routing.is_system(leg.account_id)))
         if isinstance(command, core.ReverseTransaction) and self.home(command.account_id) in (None, self.partition):
             original = self.state.transaction(command.reverses)
             if original is not None and any(names.is_clearing(leg.account_id) for leg in original.legs):
-                self.reject_command(command, Rejection.NOT_REVERSIBLE,
-                                     f"transaction {command.reverses} moved money through clearing to or from "
-                                     f"another partition: post a compensating transaction instead")
-                return
+                return Route(refusal=(Rejection.NOT_REVERSIBLE,
+                                      f"transaction {command.reverses} moved money through clearing to or from "
+                                      f"another partition: post a compensating transaction instead"))
         account_id = getattr(command, "account_id", None)
         if account_id is not None:
             home = self.home(account_id)
             if home is not None and home != self.partition:
-                self._forward(command, home)
-                return
+                return Route(elsewhere=home)
             if routing.is_system(account_id):
-                if not self.open_shards([account_id], command, offset):
-                    return
-                self.execute(replace(command, account_id=self.local(account_id)), offset, command)
-                return
-        self.execute(command, offset)
+                return Route(replace(command, account_id=self.local(account_id)), (account_id,))
+        return Route(command)
 
-    def _transaction(self, tx: core.PostTransaction, offset: int) -> None:
-        """Decided here in one step when every leg lives here (streams/placement.py); by its coordinator in
-        two phases when its legs live in several partitions; forwarded, unchanged, when it belongs elsewhere."""
-        where = self.spanning.plan(tx)
-        if where.coordinator is not None and where.coordinator != self.partition:
-            self._forward(tx, where.coordinator)
-            return
-        if where.spans:
-            self.spanning.begin(tx, offset)
-            return
-        legs: list[Leg] = []
-        for leg in tx.legs:
-            if routing.is_system(leg.account_id):
-                if routing.SHARD_MARK in leg.account_id:
-                    self.reject_command(tx, Rejection.INVALID_COMMAND, "shard ids (sys:...@n) are internal")
-                    return
-                legs.append(Leg(self.local(leg.account_id), leg.amount, leg.hold_id, leg.currency))
-            else:
-                legs.append(leg)
-        if not self.open_shards([leg.account_id for leg in tx.legs if routing.is_system(leg.account_id)], tx, offset):
-            return
-        self.execute(tx.with_legs(tuple(legs)), offset, tx)
+    def _route_and_execute(self, command: core.Command, offset: int) -> None:
+        route = self.route(command)
+        if route.refusal is not None:
+            self.reject_command(command, *route.refusal)
+        elif route.elsewhere is not None:
+            self._forward(command, route.elsewhere)
+        elif route.spans:
+            self.spanning.begin(command, offset)
+        elif self.open_shards(list(route.shards), command, offset):
+            self.execute(route.command, offset, command)
 
     def open_shards(self, system_ids: list[str], command: core.Command, offset: int) -> bool:
         """Open the local shard of each system account on first use; False (rejected) for an unknown currency."""
@@ -751,10 +777,10 @@ class PartitionProcessor:
         if changes.processed is None:  # duplicate or conflict found by the core itself
             self.emit_result(result_to_wire(result, command.at_ms, None, []))
             return result
-        self._record(command, result, changes, offset, fingerprint, records)
+        self.record_decision(command, result, changes, offset, fingerprint, records)
         return result
 
-    def _record(self, command: core.Command, result: Result, changes: Changes, offset: int,
+    def record_decision(self, command: core.Command, result: Result, changes: Changes, offset: int,
                 fingerprint: str, records: list[tuple[str, Any]] = ()) -> None:
         transaction_id = command.transaction_id if isinstance(command, core.PostTransaction) and \
             result.outcome == "accepted" else None
@@ -775,7 +801,7 @@ class PartitionProcessor:
         per change (the new balance of each changed account is queued once per batch, by take()). records:
         engine records (key, JSON value or None to delete) written in the same StateChange."""
         encoded_result = self.codec.encode("result", wire_result)
-        self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
+        self.tally[(self.kind, wire_result["outcome"], wire_result["reason"])] += 1
         for account in accounts:
             if names.is_clearing(account.id):
                 self.clearing[account.currency] = account.posted
@@ -813,7 +839,7 @@ class PartitionProcessor:
         self.emit_result({**self.codec.decode("result", stored["result"]), "duplicate": True})
 
     def emit_result(self, wire_result: dict[str, Any]) -> None:
-        self.tally[(self._kind, wire_result["outcome"], wire_result["reason"])] += 1
+        self.tally[(self.kind, wire_result["outcome"], wire_result["reason"])] += 1
         key = result_key(wire_result["client_id"], wire_result["command_id"], wire_result["reason"])
         self._output(Output("results", key, self.codec.encode("result", wire_result), self.partition,
                             wire_result["at_ms"], wire_result["client_id"]))
@@ -835,7 +861,7 @@ class PartitionProcessor:
                 placement.is_placed(command.metadata):
             self.spanning.cancel_copies(command)
 
-    def _dead_letter(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
+    def dead_letter(self, offset: int, timestamp_ms: int, key: bytes | None, value: bytes | None,
                      reason: str, detail: str, index: int | None = None) -> None:
         """value: the bytes that could not be decoded (a batch item's own bytes); the key says which."""
         self.tally[("dead_letter", "dead_letter", reason)] += 1

@@ -69,11 +69,13 @@ class _Staged:
             self.inbox[key] = processed
 
 
-def _refused(state: StateReader, command: Command, reason: Rejection, detail: str) -> tuple[Result, Changes]:
-    """A refusal remembered under the command's key (a duplicate keeps its stored answer instead)."""
+def _refused(state: StateReader, command: Command, reason: Rejection, detail: str,
+             fingerprint: str | None = None) -> tuple[Result, Changes]:
+    """A refusal remembered under the command's key (a duplicate keeps its stored answer instead).
+    fingerprint: as for execute (default: the command's own)."""
     key = (command.client_id, command.command_id)
     seen = state.processed(key)
-    fingerprint = command.fingerprint()
+    fingerprint = fingerprint or command.fingerprint()
     if seen is not None:
         if seen.fingerprint == fingerprint:
             return dataclasses.replace(seen.result, duplicate=True), Changes({}, {}, (), None)
@@ -87,29 +89,41 @@ def _refused(state: StateReader, command: Command, reason: Rejection, detail: st
 
 
 def execute_linked(state: StateReader, commands: Sequence[Command],
-                   currencies: CurrencyRegistry = DEFAULT_CURRENCIES) -> list[tuple[Result, Changes]]:
+                   currencies: CurrencyRegistry = DEFAULT_CURRENCIES,
+                   fingerprints: Sequence[str | None] | None = None) -> list[tuple[Result, Changes]]:
     """One (result, changes) per command, in order: all accepted with their changes, or all refused (the
-    failing one with its reason, the others linked_failed). Commit the changes in order, as for execute."""
+    failing one with its reason, the others linked_failed). Commit the changes in order, as for execute.
+    fingerprints: per command, the fingerprint a retry is compared with when the engine rewrote the command
+    it was sent (execute's argument); default: each command's own."""
     staged = _Staged(state)
     decided: list[tuple[Result, Changes]] = []
     registry = currencies
-    for command in commands:
-        result, changes = execute(staged, command, registry)
+    for index, command in enumerate(commands):
+        fingerprint = None if fingerprints is None else fingerprints[index]
+        result, changes = execute(staged, command, registry, fingerprint)
         if not result.accepted:
-            failing = command.command_id
-            out = []
-            for other in commands:
-                if other is command:
-                    out.append((result, changes))
-                else:
-                    out.append(_refused(state, other, Rejection.LINKED_FAILED,
-                                        f"linked with {failing}, which was refused {result.reason.code}"))
-            return out
+            others = iter(others_refused(state, commands, command, failed(command.command_id, result.reason.code),
+                                         fingerprints))
+            return [(result, changes) if other is command else next(others) for other in commands]
         staged.stage(changes)
         for currency in changes.currencies:
             registry = registry.with_currency(currency)
         decided.append((result, changes))
     return decided
+
+
+def others_refused(state: StateReader, commands: Sequence[Command], failing: Command | None, failure: str,
+                   fingerprints: Sequence[str | None] | None = None) -> list[tuple[Result, Changes]]:
+    """The answer of every command of a linked batch but `failing` (None: the failing item was no command,
+    e.g. undecodable): linked_failed, the detail naming what failed (failure, see failed), each remembered."""
+    return [_refused(state, other, Rejection.LINKED_FAILED, failure,
+                     None if fingerprints is None else fingerprints[index])
+            for index, other in enumerate(commands) if other is not failing]
+
+
+def failed(name: str, reason: str) -> str:
+    """The detail of a linked_failed answer: which item of the batch failed, and its reason code."""
+    return f"linked with {name}, which was refused {reason}"
 
 
 def judge_placement(partitions: Iterable[Iterable[int]]) -> tuple[Rejection, str] | None:

@@ -47,6 +47,11 @@ def batch(*values: bytes) -> bytes:
     return C.encode("command_batch", {"commands": list(values)})
 
 
+def linked(*values: bytes) -> bytes:
+    """A linked CommandBatch: its commands take effect all together or not at all."""
+    return C.encode("command_batch", {"commands": list(values), "linked": True})
+
+
 def local_users(count: int, partition: int = 0) -> list[str]:
     users = (f"user:{i}:USD" for i in range(10_000))
     return [u for u in users if routing.partition_of_account(u, N) == partition][:count]

@@ -1,0 +1,156 @@
+"""A linked CommandBatch in the worker: its commands take effect all together or not at all.
+
+The decision is the core's (streams/core/linked.py: execute_linked, judge_placement, others_refused); this
+shell supplies what the engine knows, in the order a single command meets it (streams/partition.py):
+
+1. Each item is decoded and admitted as a client command (seal, authentication, limits, readable fields,
+   the client's policy). An item that fails is answered as it would be alone (dead letter or rejection).
+2. The due holds expire (log time), as before any decision.
+3. Where each command is decided (PartitionProcessor.route). A batch touching more than one partition is
+   refused linked_spans_partitions, every command.
+4. Per command, in order, the engine's judgements outside the core: a routing refusal, contention with
+   transactions in flight (a command that would have to wait is refused in_flight: a batch waits as a whole
+   or not at all, and the waiting queue holds single commands), the system shards it needs (unknown_currency).
+   A command already decided (a retry) skips these: its stored answer stands.
+5. execute_linked on the commands as routed, each remembered under the fingerprint it was sent with.
+
+The first failure of steps 1, 4 or 5 keeps its own answer and every other command is refused
+linked_failed naming it. A retry of the batch gets the same answers, as duplicates. Everything a step
+staged is undone if the batch fails part way (PartitionProcessor.guarded), and every readable command is
+then refused invalid_command.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from schemas.codec import DecodeError
+from streams import core
+from streams.core import linked
+from streams.core.rejections import Rejection
+from streams.routing import ENGINE_CLIENT
+from streams.wire import result_to_wire
+
+if TYPE_CHECKING:
+    from streams.partition import PartitionProcessor, Route
+
+
+class Linking:
+    """The linked batches of one partition processor, decided through its public methods."""
+
+    def __init__(self, proc: "PartitionProcessor"):
+        self.proc = proc
+
+    def handle(self, offset: int, timestamp_ms: int, key: bytes | None, items: list[bytes]) -> None:
+        proc = self.proc
+        records: list[tuple[int, dict | None]] = []
+        for index, item in enumerate(items):
+            proc.position = f"{offset}.{index}"
+            try:
+                records.append((index, proc.codec.decode("command", item)))
+            except DecodeError as exc:
+                proc.dead_letter(offset, timestamp_ms, key, item, exc.reason,
+                                 f"command {index} of the linked batch: {exc.detail}", index)
+                records.append((index, None))
+        readable = [(index, record) for index, record in records if record is not None]
+
+        def refuse(why: str) -> None:
+            for index, record in readable:
+                proc.position = f"{offset}.{index}"
+                proc.reject(record["command_id"], record["client_id"], timestamp_ms, Rejection.INVALID_COMMAND, why)
+
+        proc.guarded(offset, f"a linked batch of {len(items)} commands",
+                     lambda: self._decide(offset, timestamp_ms, items, records), refuse)
+
+    def _decide(self, offset: int, timestamp_ms: int, items: list[bytes],
+                records: list[tuple[int, dict | None]]) -> None:
+        proc = self.proc
+        commands: list[tuple[int, core.Command]] = []
+        failure: tuple[core.Command | None, str] | None = None  # the first item that failed: (it, detail)
+        for index, record in records:
+            if record is None:
+                failure = failure or (None, linked.failed(f"command {index} of the batch", "dead_letter"))
+                continue
+            proc.position, proc.kind = f"{offset}.{index}", record["body"][0].rsplit(".", 1)[-1]
+            if record["client_id"] == ENGINE_CLIENT:
+                proc.reject(record["command_id"], record["client_id"], timestamp_ms, Rejection.INVALID_COMMAND,
+                            "a linked batch carries client commands only")
+                failure = failure or (None, linked.failed(record["command_id"], Rejection.INVALID_COMMAND.code))
+                continue
+            admitted = proc.admit(record, proc.kind, len(items[index]), timestamp_ms)
+            if isinstance(admitted, Rejection):
+                failure = failure or (None, linked.failed(record["command_id"], admitted.code))
+                continue
+            refusal = proc.not_permitted(admitted)
+            if refusal is not None and failure is None:
+                proc.reject_command(admitted, Rejection.NOT_PERMITTED, refusal)
+                failure = (admitted, linked.failed(admitted.command_id, Rejection.NOT_PERMITTED.code))
+            commands.append((index, admitted))
+        if failure is not None:
+            self._refuse_others(offset, commands, *failure)
+            return
+        proc.expire_due(offset, timestamp_ms)
+        self._judge(offset, commands)
+
+    def _judge(self, offset: int, commands: list[tuple[int, core.Command]]) -> None:
+        proc = self.proc
+        for index, command in commands:
+            if proc.spanning.under_way(command):  # its answer comes from the two phases under way
+                proc.position = f"{offset}.{index}"
+                proc.reject(command.command_id, command.client_id, command.at_ms, Rejection.IN_FLIGHT,
+                            f"transaction {command.command_id} is in flight; it cannot join a linked batch")
+                self._refuse_others(offset, commands, command,
+                                    linked.failed(command.command_id, Rejection.IN_FLIGHT.code))
+                return
+        routes = [proc.route(command) for _, command in commands]
+        misplaced = linked.judge_placement(self._touched(route) for route in routes)
+        if misplaced is not None:
+            as_sent = [command for _, command in commands]
+            for (index, command), (result, changes) in zip(commands, linked.refuse_all(proc.state, as_sent,
+                                                                                         *misplaced)):
+                self._answer(offset, index, command, result, changes)
+            return
+        for (index, command), route in zip(commands, routes):
+            if proc.state.processed((command.client_id, command.command_id)) is not None:
+                continue  # a retry: its stored answer stands (execute_linked gives it)
+            proc.position = f"{offset}.{index}"
+            refusal = route.refusal or proc.spanning.refusal(command)
+            if refusal is None and proc.spanning.waits(command):
+                refusal = (Rejection.IN_FLIGHT, "it would wait for a transaction in flight, and a linked batch is "
+                                                "decided at once or not at all; send it again once that is decided")
+            if refusal is not None:
+                proc.reject_command(command, *refusal)
+                self._refuse_others(offset, commands, command, linked.failed(command.command_id, refusal[0].code))
+                return
+            if not proc.open_shards(list(route.shards), command, offset):  # answered unknown_currency
+                self._refuse_others(offset, commands, command,
+                                    linked.failed(command.command_id, Rejection.UNKNOWN_CURRENCY.code))
+                return
+        fingerprints = [command.fingerprint() for _, command in commands]
+        decided = linked.execute_linked(proc.state, [route.command for route in routes], proc.currencies,
+                                        fingerprints)
+        for (index, command), route, (result, changes) in zip(commands, routes, decided):
+            self._answer(offset, index, route.command, result, changes, command.fingerprint())
+
+    def _touched(self, route: "Route") -> set[int]:
+        """The partitions a command touches as the engine routes it."""
+        if route.elsewhere is not None:
+            return {route.elsewhere}
+        return set(route.spans) or {self.proc.partition}
+
+    def _refuse_others(self, offset: int, commands: list[tuple[int, core.Command]], failing: core.Command | None,
+                       failure: str) -> None:
+        proc = self.proc
+        others = [(index, command) for index, command in commands if command is not failing]
+        answers = linked.others_refused(proc.state, [command for _, command in others], None, failure)
+        for (index, command), (result, changes) in zip(others, answers):
+            self._answer(offset, index, command, result, changes)
+
+    def _answer(self, offset: int, index: int, command: core.Command, result: core.Result, changes: core.Changes,
+                fingerprint: str | None = None) -> None:
+        """Persist and answer one command's decision, as PartitionProcessor.execute does."""
+        proc = self.proc
+        proc.position, proc.kind = f"{offset}.{index}", type(command).__name__
+        if changes.processed is None:  # a duplicate or an id conflict: answered, nothing written
+            proc.emit_result(result_to_wire(result, command.at_ms, None, []))
+            return
+        proc.record_decision(command, result, changes, offset, fingerprint or command.fingerprint())
