@@ -109,6 +109,8 @@ class LedgerClient:
     _pending: dict[int, list[tuple[bytes, bytes]]] | None = field(init=False, default=None)
     _pending_bytes: dict[int, int] = field(init=False, default_factory=dict)
     _batch_max: int = field(init=False, default=0)
+    # Inside linked(): (command record, routing account) of each command sent, in order; sent at the end.
+    _linking: list[tuple[dict[str, Any], str]] | None = field(init=False, default=None)
     # Commands whose records the cluster did not take, with why: raised by the next flush() or wait().
     _undelivered: dict[str, str] = field(init=False, default_factory=dict)
 
@@ -164,7 +166,12 @@ class LedgerClient:
     def _send_record(self, record: dict[str, Any], routing_account: str, timestamp_ms: int | None = None) -> None:
         """A command where it must go: a transaction whose legs live in several partitions to its
         coordinator and a copy to each other partition it touches (placement.placements), so that every
-        partition decides it in this client's order (P10)."""
+        partition decides it in this client's order (P10). Inside linked(), kept for the linked batch."""
+        if self._linking is not None:
+            if timestamp_ms is not None:
+                raise RuntimeError("dated commands are not linked")
+            self._linking.append((record, routing_account))
+            return
         record, partitions = placement.placements(record, routing_account, self.settings.partitions)
         encoded = self._codec.encode("command", record)
         for partition in partitions:
@@ -182,6 +189,8 @@ class LedgerClient:
                  timestamp_ms: int | None = None) -> None:
         """Produce one encoded command (in order with everything this client sent) to the routing
         account's partition, or to `partition`; with timestamp_ms, as the record's timestamp."""
+        if self._linking is not None:
+            raise RuntimeError("a command for a chosen partition cannot join a linked batch")
         routing_key = routing.routing_key_for(routing.unsharded(routing_account))
         if partition is None:
             partition = routing.partition_for_key(routing_key, self.settings.partitions)
@@ -247,6 +256,37 @@ class LedgerClient:
         del self._pending[partition]
         self._pending_bytes.pop(partition, None)
         self._producer.poll(0)
+
+    @contextmanager
+    def linked(self) -> Iterator["LedgerClient"]:
+        """Commands sent inside the block take effect all together or not at all (streams/linking.py): they
+        travel as one linked CommandBatch to the partition of the first, which decides them in order. One
+        refused: none takes effect, it keeps its reason and every other is refused linked_failed naming it.
+        Every command must live in that partition (a batch that touches another is refused
+        linked_spans_partitions, each command). Sent when the block ends; an exception sends nothing. Each
+        command gets its own result, as usual (wait())."""
+        if self._linking is not None:
+            raise RuntimeError("already linking")
+        self._linking = []
+        try:
+            yield self
+            items = self._linking
+        finally:
+            self._linking = None
+        if items:
+            self._send_linked(items)
+
+    def _send_linked(self, items: list[tuple[dict[str, Any], str]]) -> None:
+        encoded = [self._codec.encode("command", record) for record, _ in items]
+        value = self._codec.encode("command_batch", {"commands": encoded, "linked": True})
+        if len(value) > BATCH_MAX_BYTES:
+            raise ClientValidationError(f"a linked batch of {len(value)} bytes; the limit is {BATCH_MAX_BYTES}")
+        routing_key = routing.routing_key_for(routing.unsharded(items[0][1]))
+        self.send_pending()  # what this client sent before goes first (P10)
+        self._produce(value, routing_key.encode(), routing.partition_for_key(routing_key, self.settings.partitions))
+        self._producer.poll(0)
+        for (record, _), item in zip(items, encoded):
+            self._answers.sent(record["command_id"], item)
 
     def submit(self, plan) -> list[str]:
         """Send every command of a business-event rule's plan (connectors.rules); returns their ids. A

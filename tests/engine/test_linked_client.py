@@ -1,0 +1,55 @@
+"""Linked commands through the broker (client.linked(), streams/linking.py): a batch that posts whole, one
+that is refused whole with the failing command named, a retry answered the same, a batch reaching another
+partition refused, and the oracles after."""
+from __future__ import annotations
+
+from connectors.client import LedgerClient, Leg
+from projections.verify import format_report, verify, wait_quiescent
+from streams import routing
+from tests.helpers.results import outcome
+from tests.helpers.topics import latest_balances
+
+
+def test_linked_commands_post_all_or_nothing(settings, start_worker):
+    start_worker(extra_env={"LEDGER_TICK_S": "0"})
+    client = LedgerClient(settings, "wallet")
+    other = next(f"user:o{i}:USD" for i in range(100)
+                 if routing.partition_of_account(f"user:o{i}:USD", settings.partitions)
+                 != routing.partition_of_account("user:li:USD", settings.partitions))
+    try:
+        with client.linked():  # one owner's accounts and system accounts: one partition
+            ids = [client.open_account("user:li:USD", "USD"), client.open_account("user:li:savings.USD", "USD"),
+                   client.post("dep", [Leg("sys:world:USD", -1_000), Leg("user:li:USD", 1_000)], kind="deposit"),
+                   client.post("fee", [Leg("user:li:USD", -10), Leg("sys:fees:USD", 10)], kind="fee"),
+                   client.post("save", [Leg("user:li:USD", -900), Leg("user:li:savings.USD", 900)])]
+        first = client.wait(ids)
+        assert [outcome(first[i]) for i in ids] == ["accepted"] * 5
+
+        def too_much():
+            return [client.post("save-2", [Leg("user:li:USD", -50), Leg("user:li:savings.USD", 50)]),
+                    client.post("save-3", [Leg("user:li:USD", -50), Leg("user:li:savings.USD", 50)])]
+        with client.linked():
+            refused = too_much()
+        answers = client.wait(refused)
+        assert [outcome(answers[i]) for i in refused] == ["linked_failed", "insufficient_funds"]
+        assert "save-3, which was refused insufficient_funds" in answers["save-2"]["detail"]
+        with client.linked():  # the same batch again: the same answers
+            assert too_much() == refused
+        again = client.wait(refused)
+        assert [(outcome(again[i]), again[i]["duplicate"]) for i in refused] == [
+            ("linked_failed", True), ("insufficient_funds", True)]
+
+        with client.linked():
+            spanning = [client.open_account(other, "USD"),
+                        client.post("near", [Leg("user:li:savings.USD", -1), Leg("user:li:USD", 1)])]
+        far = client.wait(spanning)
+        assert [outcome(far[i]) for i in spanning] == ["linked_spans_partitions"] * 2
+
+        balances = latest_balances(settings)
+        assert (balances["user:li:USD"]["posted"], balances["user:li:savings.USD"]["posted"]) == ("90", "900")
+        assert other not in balances
+        assert wait_quiescent(settings)
+        report = verify(settings)
+        assert report.ok, format_report(report)
+    finally:
+        client.close()
