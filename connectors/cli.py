@@ -355,11 +355,13 @@ def submit(
     timeout_s: float = typer.Option(60.0, "--timeout", help="Seconds to wait for all results."),
     as_json: bool = typer.Option(False, "--json", help="One JSON result per line instead of a summary."),
     currency: list[str] = CURRENCIES,
+    linked: bool = typer.Option(False, "--linked", help="Every line takes effect or none does: one linked batch "
+                                "(all its accounts in one partition). A bad line sends nothing."),
 ) -> None:
     """Send the commands of a JSON Lines file and wait for their results.
 
     Every line is checked first; bad lines are reported with their line number and skipped, the good lines
-    are still sent. A line answered as a duplicate (the file was submitted before) says so. A summary is
+    are still sent (with --linked, nothing is sent). A line answered as a duplicate (the file was submitted before) says so. A summary is
     always printed. Exit status: 0 when every line was valid and accepted (now or before), 1 otherwise;
     69 when Kafka cannot be reached.
     """
@@ -373,13 +375,17 @@ def submit(
     good, bad = parse_file(lines, registry)
     for number, error in bad:
         typer.echo(f"line {number}: {error}", err=True)
+    if linked and bad:
+        typer.echo(f"nothing sent: {len(bad)} bad line(s), and a linked file is sent whole or not at all", err=True)
+        raise typer.Exit(1)
     sent: list[tuple[int, str]] = []
     results: dict[str, dict] = {}
     try:
         client = LedgerClient(config.load(), client_id)
         try:
             _confirm_scales(client, declared, timeout_s)
-            with client.batch():  # a file is sent at once: one record per partition and 500 commands
+            # A file is sent at once: one record per partition and 500 commands, or one linked batch.
+            with client.linked() if linked else client.batch():
                 for parsed in good:
                     sent.append((parsed.line, parsed.send(client)))
             client.flush()

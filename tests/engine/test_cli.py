@@ -55,6 +55,27 @@ def test_bad_lines_are_reported_and_good_lines_still_sent(settings, start_worker
     assert latest_balances(settings)["user:kim:USD"]["posted"] == "750"
 
 
+def test_a_linked_file_posts_whole_or_not_at_all(settings, start_worker):
+    start_worker()
+    lines = ['{"type": "open", "account": "user:lu:USD", "currency": "USD"}',
+             '{"type": "post", "id": "lu-dep", "kind": "deposit", "legs": [{"account": "sys:world:USD", '
+             '"amount": "-5"}, {"account": "user:lu:USD", "amount": "5"}]}',
+             '{"type": "post", "id": "lu-out", "legs": [{"account": "user:lu:USD", "amount": "-6"}, '
+             '{"account": "sys:world:USD", "amount": "6"}]}']
+    refused = submit(settings, "\n".join(lines), "--json", "--linked")
+    assert refused.returncode == 1
+    answers = {r["line"]: r["reason"] for r in map(json.loads, refused.stdout.splitlines())}
+    assert answers == {1: "linked_failed", 2: "linked_failed", 3: "insufficient_funds"}
+    bad = submit(settings, "\n".join(lines[:2] + ["not json"]), "--linked")
+    assert bad.returncode == 1 and "nothing sent" in bad.stderr
+    assert "user:lu:USD" not in latest_balances(settings)
+    # Refused ids stay spent (a retry is answered the same): the corrected file uses new ones.
+    lines[2] = lines[2].replace('"-6"', '"-4"').replace('"6"', '"4"')
+    done = submit(settings, "\n".join(lines).replace("lu", "lv"), "--linked")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert latest_balances(settings)["user:lv:USD"]["posted"] == "100"
+
+
 def ledger(settings, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap, "LEDGER_TOPIC_PREFIX": settings.prefix}
     return subprocess.run([sys.executable, "-m", "connectors.cli", *args], capture_output=True, text=True, env=env,
