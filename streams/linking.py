@@ -125,11 +125,13 @@ class Linking:
                 self._refuse_others(offset, commands, command,
                                     linked.failed(command.command_id, Rejection.UNKNOWN_CURRENCY.code))
                 return
+        # As routed; a command decided before whose route has no command (a refusal) as sent: the core
+        # answers it from the inbox without judging it.
+        routed = [command if route.command is None else route.command for (_, command), route in zip(commands, routes)]
         fingerprints = [command.fingerprint() for _, command in commands]
-        decided = linked.execute_linked(proc.state, [route.command for route in routes], proc.currencies,
-                                        fingerprints)
-        for (index, command), route, (result, changes) in zip(commands, routes, decided):
-            self._answer(offset, index, route.command, result, changes, command.fingerprint())
+        decided = linked.execute_linked(proc.state, routed, proc.currencies, fingerprints)
+        for (index, _), command, fingerprint, (result, changes) in zip(commands, routed, fingerprints, decided):
+            self._answer(offset, index, command, result, changes, fingerprint)
 
     def _touched(self, route: "Route") -> set[int]:
         """The partitions a command touches as the engine routes it."""

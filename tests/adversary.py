@@ -248,7 +248,7 @@ class Noise:
                 items.append(self._forgery()[1])
             else:
                 items.append(bytes(rng.randrange(256) for _ in range(rng.randint(0, 40))))
-        value = C.encode("command_batch", {"commands": items})
+        value = C.encode("command_batch", {"commands": items, "linked": rng.random() < 0.5})
         if rng.random() < 0.3:
             value = value[:rng.randint(10, max(10, len(value) - 1))]
         return value

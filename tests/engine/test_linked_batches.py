@@ -172,3 +172,16 @@ def test_a_command_that_would_wait_for_a_transaction_in_flight_refuses_the_batch
     assert answers(results) == {"l1": ("rejected", "linked_failed", False),
                                 f"close:{A}": ("rejected", "in_flight", False)}
     assert proc.state.account(A).posted == 1_000 and proc.state.account(B).posted == 0
+
+
+def test_a_command_refused_before_keeps_its_answer_in_a_linked_batch():
+    """A command the engine refused on its route (a system account opened by a client), sent again inside a
+    linked batch: its stored answer stands (a duplicate), and the batch fails on it."""
+    proc, _ = ledger()
+    system_open = open_account("sys:custody:USD")
+    first, _, _ = feed(proc, [system_open])
+    assert answers(first) == {"open:sys:custody:USD": ("rejected", "invalid_command", False)}
+    results, _, _ = feed(proc, [linked(transfer("l1", (A, -1), (B, 1)), system_open)])
+    assert answers(results) == {"open:sys:custody:USD": ("rejected", "invalid_command", True),
+                                "l1": ("rejected", "linked_failed", False)}
+    assert balances(proc)[A] == (1_000, 0)
