@@ -13,6 +13,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -91,6 +92,12 @@ class Codec:
 
     def encode(self, name: str, record: dict) -> bytes:
         return self._encoders[name](record)
+
+    def body_decoder(self, name: str) -> Callable[[bytes, int], tuple[dict, int]]:
+        """The generated decoder of the current schema `name`: (data, offset after the header) -> (record,
+        end). For bulk readers that check the header themselves and take `decode` for anything else; it
+        raises what a corrupt body raises (decode turns that into DecodeError)."""
+        return self._compiled[name].decode_at
 
     def decode(self, name: str, data: bytes | None) -> dict:
         """Decode bytes into a record of the current schema `name`; DecodeError when impossible."""
