@@ -1,6 +1,7 @@
 """Reading the ledger's topics from the beginning up to their current end (a quiescent snapshot)."""
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -9,6 +10,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from schemas.codec import DecodeError, codec
 from streams.config import Settings
+from streams.kafka_errors import SETTLE_WAIT_S, asking_again, remaining
 
 SCHEMA_OF_TOPIC = {"commands": "command", "results": "result", "history": "history", "balances": "balance",
                    "dlq": "dead_letter", "changelog": "state"}
@@ -51,17 +53,23 @@ def records_of(name: str, partition: int, offset: int, timestamp_ms: int, key: b
     return records
 
 
-def read_topic(settings: Settings, name: str, decode: bool = True) -> Iterator[TopicRecord]:
+def read_topic(settings: Settings, name: str, decode: bool = True,
+               settle_s: float = SETTLE_WAIT_S) -> Iterator[TopicRecord]:
     """Every record of a ledger topic up to the end offsets seen at the start (in order within a partition).
-    On the commands topic a CommandBatch record yields each of its commands, in order, with its index."""
+    On the commands topic a CommandBatch record yields each of its commands, in order, with its index.
+    Reading the end offsets asks again through leadership moving (after a broker fault) for up to settle_s,
+    then raises the last error."""
     # Transaction markers take offsets but are no records: a partition's end shows as its EOF event.
     consumer = Consumer(settings.bounded_reader_config(f"reader-{uuid.uuid4()}"))
     topic = settings.topic(name)
+    deadline = time.monotonic() + settle_s
     try:
         ends: dict[int, int] = {}
         assignment = []
         for partition in range(settings.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            tp = TopicPartition(topic, partition)
+            low, high = asking_again(lambda: consumer.get_watermark_offsets(tp, timeout=remaining(deadline, 10)),
+                                     deadline)
             if high > low:
                 ends[partition] = high
                 assignment.append(TopicPartition(topic, partition, OFFSET_BEGINNING))

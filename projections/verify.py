@@ -30,6 +30,7 @@ from streams import names, routing
 from streams.config import Settings
 from streams.core.rejections import NOT_A_DECISION, Rejection
 from streams.core.settlement import RECEIVABLE_MARK
+from streams.kafka_errors import error_of, passing, remaining
 from streams.limits import echo_ids
 
 ENGINE_CLIENT = routing.ENGINE_CLIENT  # the client id of engine steps (follow-ups between partitions)
@@ -70,8 +71,9 @@ class Streams:
     dead_letters: Sequence[TopicRecord] = ()
 
 
-def _with_records(settings: Settings, topic: str, starts: dict[int, int]) -> set[int]:
-    """The partitions in which a read_committed reader finds a record at or after the given offset."""
+def _with_records(settings: Settings, topic: str, starts: dict[int, int], until: float) -> set[int]:
+    """The partitions in which a read_committed reader finds a record at or after the given offset (by the
+    monotonic time until, partitions not read to their end count as with records)."""
     if not starts:
         return set()
     consumer = Consumer(settings.bounded_reader_config(f"quiescent-{uuid.uuid4()}"))
@@ -80,9 +82,9 @@ def _with_records(settings: Settings, topic: str, starts: dict[int, int]) -> set
     try:
         # The partitions' leaders first: assigned a partition whose leader it does not know yet, librdkafka
         # starts fetching only after a metadata round, up to a second later.
-        consumer.list_topics(topic, timeout=10)
+        consumer.list_topics(topic, timeout=remaining(until, 10))
         consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
-        deadline = time.monotonic() + 30
+        deadline = min(time.monotonic() + 30, until)
         while open_ and time.monotonic() < deadline:
             # consume() waits for the whole count or the timeout: a short one, as the last call waits all of it.
             for msg in consumer.consume(100, timeout=0.02):
@@ -97,22 +99,24 @@ def _with_records(settings: Settings, topic: str, starts: dict[int, int]) -> set
         consumer.close()
 
 
-def _covered(settings: Settings) -> dict[int, int]:
+def _covered(settings: Settings, until: float) -> dict[int, int]:
     """Per partition, the commands offset the engine's committed changelog covers (its last covered mark, see
     streams/engine.py): every record below it is decided and published, whatever offset Faust has committed
-    for the group (Faust may lag behind, e.g. where transaction markers leave gaps in the offsets)."""
+    for the group (Faust may lag behind, e.g. where transaction markers leave gaps in the offsets). Read by
+    the monotonic time until (a partition not read by then is left out)."""
     topic = settings.topic("changelog")
     consumer = Consumer(settings.bounded_reader_config(f"quiescent-{uuid.uuid4()}"))
     covered: dict[int, int] = {}
     try:
         for partition in range(settings.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                       timeout=remaining(until, 10))
             window = 64
             while high > low and partition not in covered:
                 start = max(low, high - window)
                 consumer.assign([TopicPartition(topic, partition, start)])
                 done = False
-                deadline = time.monotonic() + 30
+                deadline = min(time.monotonic() + 30, until)
                 while not done and time.monotonic() < deadline:
                     for msg in consumer.consume(1000, timeout=0.02):  # (short: as in _with_records)
                         if msg.error():
@@ -135,6 +139,10 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
     a row settle_s apart (a follow-up command produced meanwhile moves an end and restarts the wait).
     on_state(decided, end): the commands offsets covered so far and the end, summed over partitions, at
     each look (for a progress bar).
+
+    An error that passes (streams/kafka_errors.py: a partition's leader or the group's coordinator moving after
+    a broker fault, a broker not answering for now) makes it look again; at timeout_s it returns False and
+    says on stderr what it saw last, that error included. Any other Kafka error is raised.
     """
     group = f"{settings.prefix}workers"
     consumer = Consumer({**settings.kafka_config(), "group.id": group, "enable.auto.commit": False})
@@ -143,24 +151,30 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
     deadline = time.monotonic() + timeout_s
     previous = None
     state: tuple = ("unknown", "unknown")
+    last_error: str | None = None  # the latest error that passed, for the verdict
     try:
         while time.monotonic() < deadline:
             try:
-                ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in partitions]
-                covered = _covered(settings)
-                committed = [max(tp.offset, 0, covered.get(tp.partition, 0))
-                             for tp in consumer.committed(partitions, timeout=10)]
+                ends = [consumer.get_watermark_offsets(tp, timeout=remaining(deadline, 10))[1] for tp in partitions]
+                covered = _covered(settings, deadline)
+                committed, last_error = [], None
+                for tp in consumer.committed(partitions, timeout=remaining(deadline, 10)):
+                    if tp.error is not None:  # this partition's offset unknown for now: not caught up
+                        last_error = f"{tp.error.str()} (committed offset of partition {tp.partition})"
+                    committed.append(max(tp.offset, 0, covered.get(tp.partition, 0)))
+                # Below the end but with nothing to read there: only transaction markers (or aborted records)
+                # are left, which take offsets and are no commands.
+                lagging = {p: c for p, (c, end) in enumerate(zip(committed, ends)) if c < end}
+                busy = _with_records(settings, topic, lagging, deadline)
             except KafkaException as exc:
-                if not exc.args[0].retriable():
+                error = error_of(exc)
+                if error is None or not passing(error):
                     raise
                 # Leadership or the group coordinator still moving (after a broker fault): look again.
+                last_error = error.str()
                 previous = None
-                time.sleep(settle_s)
+                time.sleep(min(settle_s, max(0.0, deadline - time.monotonic())))
                 continue
-            # Below the end but with nothing to read there: only transaction markers (or aborted records)
-            # are left, which take offsets and are no commands.
-            lagging = {p: c for p, (c, end) in enumerate(zip(committed, ends)) if c < end}
-            busy = _with_records(settings, topic, lagging)
             committed = [end if p in lagging and p not in busy else c
                          for p, (c, end) in enumerate(zip(committed, ends))]
             state = (ends, committed)
@@ -170,7 +184,8 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
                 return True
             previous = state if ends == committed else None
             time.sleep(settle_s)
-        print(f"not quiescent: commands ends {state[0]}, group offsets {state[1]}", file=sys.stderr)
+        print(f"not quiescent within {timeout_s:g} s: commands ends {state[0]}, group offsets {state[1]}"
+              + (f"; last Kafka error: {last_error}" if last_error else ""), file=sys.stderr)
         return False
     finally:
         consumer.close()

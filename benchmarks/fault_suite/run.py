@@ -8,8 +8,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-
 from connectors.client import LedgerClient
 from connectors.scratch import drop, fresh_settings
 from projections.exactly_once import assert_exactly_once
@@ -95,25 +93,14 @@ def _wait_answered(answers: Answers, sent_at: dict, timeout_s: float) -> int:
         time.sleep(0.5)
 
 
-def _settled(fn, *args, attempts: int = 40):
-    """fn(*args), asked again after a retriable Kafka error: right after a fault, leadership may still move
-    (a resumed or restarted broker becomes preferred leader again) and a metadata answer be stale."""
-    for attempt in range(attempts):
-        try:
-            return fn(*args)
-        except KafkaException as exc:
-            if attempt == attempts - 1 or not exc.args[0].retriable():
-                raise
-            time.sleep(3)
-
-
 def _oracles(row: Row, settings, sent_at: dict) -> None:
     """Every oracle of DESIGN.md §2 over the topics (projections.verify), exactly once per client as a
     read_committed reader sees it (projections.exactly_once), and the balances rebuilt from history
     hash-equal to the live ones (projections.rebuild, a fresh reader from offset 0)."""
-    if not _settled(wait_quiescent, settings, 300):
+    # These ask again through leadership moving after a fault (streams/kafka_errors.py), within their waits.
+    if not wait_quiescent(settings, 300):
         row.violations["not_quiescent"] += 1
-    report = _settled(verify, settings)
+    report = verify(settings)
     for key, count in report.counts.items():
         if key.startswith("violations."):
             row.violations[key.split(".", 1)[1]] += count
@@ -123,12 +110,12 @@ def _oracles(row: Row, settings, sent_at: dict) -> None:
         by_client.setdefault(client_id, []).append(command_id)
     for client_id, ids in by_client.items():
         try:
-            _settled(assert_exactly_once, settings, client_id, ids)
+            assert_exactly_once(settings, client_id, ids)
         except AssertionError as exc:
             found = re.match(r"(\d+) problems", str(exc))
             row.violations["exactly_once"] += int(found.group(1)) if found else 1
             row.notes.append(f"exactly once ({client_id}): {str(exc)[:400]}")
-    rebuilt = _settled(rebuild_balances, settings)
+    rebuilt = rebuild_balances(settings)
     if not rebuilt.ok:
         row.violations["rebuild_hash"] += 1
         row.notes.append(f"rebuilt balances differ from the live ones at {rebuilt.first_difference}")
