@@ -303,8 +303,12 @@ while True:
   echo "$n" >"$KDIR/nodes"
   echo "$mode" >"$KDIR/mode"
 
+  # The nodes this call starts: a failure stops only them. Restarting one node of a running cluster, a node
+  # that is slow to start must not take the healthy ones down with it.
+  local started=()
   for i in $(seq 1 "$n"); do
     node_alive "$i" && continue
+    started+=("$i")
     : >"$KDIR/node$i/server.log"
     # setsid: the broker outlives the shell that started it and ignores its Ctrl-C; stop() ends it.
     java_argv "$i"
@@ -319,12 +323,12 @@ while True:
       if ! node_alive "$i"; then
         echo "kafka.sh: node $i exited during start; last log lines:" >&2
         tail -n 30 "$KDIR/node$i/server.log" "$KDIR/node$i/stdout.log" >&2 || true
-        stop_nodes; exit 1
+        stop_started "$i" ${started[@]+"${started[@]}"}; exit 1
       fi
       if [ "$(date +%s)" -ge "$deadline" ]; then
-        echo "kafka.sh: node $i not ready after ${READY_TIMEOUT_S}s; last log lines:" >&2
+        echo "kafka.sh: node $i not ready after ${READY_TIMEOUT_S}s (KAFKA_READY_TIMEOUT_S); last log lines:" >&2
         tail -n 30 "$KDIR/node$i/server.log" >&2 || true
-        stop_nodes; exit 1
+        stop_started "$i" ${started[@]+"${started[@]}"}; exit 1
       fi
       sleep 0.2
     done
@@ -339,14 +343,27 @@ while True:
 
 kafka_version() { ls "$LIB" | sed -n 's/^kafka-clients-\(.*\)\.jar$/\1/p'; }
 
-stop_nodes() {
-  local i pid
-  for i in 1 2 3; do
+# After a failed start: stop the nodes this call started, say which and which are left running.
+stop_started() {  # $1 = the node that failed, then the nodes this call started
+  local failed=$1; shift
+  local left="" i
+  for i in $(seq 1 "$(nodes_configured)"); do
+    case " $* " in *" $i "*) ;; *) node_alive "$i" && left="$left $i" ;; esac
+  done
+  echo "kafka.sh: start failed at node $failed; stopping the node(s) this call started:$(printf ' %s' "$@")" \
+    "${left:+(left running:$left)}" >&2
+  [ $# -eq 0 ] || stop_nodes "$@"
+}
+
+stop_nodes() {  # [node ids] (default: every node)
+  local i pid ids=("$@")
+  [ ${#ids[@]} -gt 0 ] || ids=(1 2 3)
+  for i in "${ids[@]}"; do
     [ -f "$KDIR/node$i/pid" ] || continue
     pid=$(cat "$KDIR/node$i/pid")
     if kill -0 "$pid" 2>/dev/null; then kill -TERM "$pid" 2>/dev/null || true; fi
   done
-  for i in 1 2 3; do
+  for i in "${ids[@]}"; do
     [ -f "$KDIR/node$i/pid" ] || continue
     pid=$(cat "$KDIR/node$i/pid")
     for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
