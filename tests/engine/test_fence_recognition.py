@@ -1,0 +1,56 @@
+"""A fence is recognised however confluent-kafka hands it back (broker-free).
+
+A fatal error (the fence) raised from inside Producer.flush() comes out wrapped in a SystemError when
+librdkafka logs a line in the same call: the Python log callback runs with the KafkaException pending and
+CPython reports "<built-in method flush ...> returned a result with an exception set", the KafkaException as
+its __cause__. The commit path must still name it a fence and end the batch unacknowledged (DeliveryFailed),
+not crash with a SystemError."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from streams.config import Settings
+from streams.engine import DeliveryFailed, Engine
+
+NO_BROKER = Settings(bootstrap="127.0.0.1:1", prefix="unit.", security={"log_level": "0"})
+FENCED = "Failed to flush: Local: This instance has been fenced by a newer instance"
+
+
+def _fence() -> KafkaException:
+    return KafkaException(KafkaError(KafkaError._FENCED, FENCED, fatal=True))
+
+
+def _wrapped(cause: BaseException | None) -> SystemError:
+    """A SystemError as CPython makes it when a C function returns with an exception set (its __cause__)."""
+    try:
+        raise SystemError("<built-in method flush of cimpl.Producer object at 0x7f00> returned a result with an "
+                          "exception set") from cause
+    except SystemError as exc:
+        return exc
+
+
+def _commit_raising(tmp_path, exc: BaseException) -> Engine:
+    eng = Engine(NO_BROKER, tmp_path)
+
+    def commit_transaction(p, changelog, covered, last):
+        raise exc
+
+    eng._commit_transaction = commit_transaction  # the Kafka side: what flush() raised
+    return eng
+
+
+@pytest.mark.parametrize("raised", [_fence(), _wrapped(_fence())], ids=["plain", "wrapped-in-SystemError"])
+def test_a_fence_ends_the_batch_unacknowledged(tmp_path, caplog, raised):
+    eng = _commit_raising(tmp_path, raised)
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match="partition 3: transaction failed"):
+        eng._commit_partition(3, [], 10, {})
+    assert any("transaction fenced" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_system_error_without_a_kafka_cause_is_not_taken_for_a_fence(tmp_path):
+    eng = _commit_raising(tmp_path, _wrapped(None))
+    with pytest.raises(SystemError):
+        eng._commit_partition(3, [], 10, {})
