@@ -32,15 +32,30 @@ class CoPartitioningError(RuntimeError):
     """A topic exists with another partition count than the ledger's; keys would land elsewhere."""
 
 
-class BrokerUnreachable(ConnectionError):
-    """The cluster did not answer within Settings.connect_timeout_s (LEDGER_CONNECT_TIMEOUT_S)."""
+class KafkaNotReady(ConnectionError):
+    """The cluster could not serve what was asked within Settings.connect_timeout_s (LEDGER_CONNECT_TIMEOUT_S):
+    it did not answer at all (BrokerUnreachable) or does not serve a topic's partition yet (TopicNotReady)."""
 
     # The exit status of a CLI command that gave up for this reason (sysexits' EX_UNAVAILABLE).
     EXIT_STATUS = 69
 
+
+class BrokerUnreachable(KafkaNotReady):
+    """The cluster did not answer within Settings.connect_timeout_s (LEDGER_CONNECT_TIMEOUT_S)."""
+
     def __init__(self, settings: Settings, cause: object = ""):
         super().__init__(f"cannot reach Kafka at {settings.bootstrap} within {settings.connect_timeout_s:g} s"
                          + (f" ({cause})" if cause else ""))
+
+
+class TopicNotReady(KafkaNotReady):
+    """The cluster answers, but within the connect timeout it did not serve a partition of a topic: the topic is
+    unknown to the broker asked (not created, or created a moment ago and its metadata not spread yet), or the
+    partition's leadership is still settling (after a broker fault). Not "unreachable": the cure differs."""
+
+    def __init__(self, settings: Settings, topic: str, partition: int, why: str, cause: object = ""):
+        super().__init__(f"Kafka at {settings.bootstrap} answers, but within {settings.connect_timeout_s:g} s "
+                         f"it did not serve {topic}[{partition}]: {why}" + (f" ({cause})" if cause else ""))
 
 
 def require_broker(settings: Settings, handle=None) -> None:

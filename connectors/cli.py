@@ -19,21 +19,21 @@ class LedgerCli(typer.Typer):
     def __call__(self, *args, **kwargs):
         import logging
 
-        from connectors.admin import BrokerUnreachable
+        from connectors.admin import KafkaNotReady
 
         from streams import logs
 
         try:
             logs.setup()  # LEDGER_LOG_FORMAT=json: every command's log lines are JSON objects
-            # librdkafka's retries are noise on a terminal: BrokerUnreachable says what happened.
+            # librdkafka's retries are noise on a terminal: KafkaNotReady says what happened.
             logging.getLogger("ledger.kafka").setLevel(os.environ.get("LEDGER_KAFKA_LOG_LEVEL", "CRITICAL"))
             return super().__call__(*args, **kwargs)
         except config.ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)
             sys.exit(2)
-        except BrokerUnreachable as exc:
+        except KafkaNotReady as exc:
             typer.echo(f"error: {exc}", err=True)
-            sys.exit(BrokerUnreachable.EXIT_STATUS)
+            sys.exit(KafkaNotReady.EXIT_STATUS)
 
 
 app = LedgerCli(help="A streaming double-entry ledger on Apache Kafka.", no_args_is_help=True)

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from connectors.admin import BrokerUnreachable, require_broker
+from connectors.admin import BrokerUnreachable, TopicNotReady, require_broker
 from connectors.answers import Answers
 from schemas.codec import DecodeError, codec
 from streams import placement, routing
@@ -28,6 +28,7 @@ from streams.authn import Signer
 from streams.core.rejections import Rejection
 from streams.core.returns import RETURNS_KEY
 from streams.config import Settings
+from streams.kafka_errors import NOT_KNOWN_YET, SETTLING, error_of, remaining
 from streams.producing import produce
 from streams.wire import command_record
 
@@ -146,16 +147,34 @@ class LedgerClient:
         return topic
 
     def _end_offset(self, topic: str, partition: int, deadline: float) -> int:
+        """The partition's end offset, asked again until the deadline: a topic created a moment ago may be
+        unknown to the broker asked, and a partition's leadership may be settling (after a broker fault)."""
         while True:
             try:
-                return self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                            timeout=self.settings.connect_timeout_s)[1]
-            except KafkaException as exc:  # leadership still settling on a new topic
-                if exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                return self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=remaining(deadline, self.settings.connect_timeout_s))[1]
+            except KafkaException as exc:
+                code = exc.args[0].code()
+                if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise ResultsNotAuthorized(topic) from None
                 if time.monotonic() > deadline:
-                    raise BrokerUnreachable(self.settings, f"no offsets for {topic}[{partition}]: {exc}") from None
+                    raise self._not_served(topic, partition, exc) from None
                 time.sleep(0.1)
+
+    def _not_served(self, topic: str, partition: int, exc: KafkaException) -> ConnectionError:
+        """What to say when a partition's offsets did not come within the connect timeout, by what is true."""
+        error = error_of(exc)
+        code = error.code() if error is not None else None
+        if code in NOT_KNOWN_YET:
+            return TopicNotReady(self.settings, topic, partition, "the topic is not known to the cluster yet "
+                                 "(not created, or created a moment ago)", exc)
+        if code in SETTLING:
+            return TopicNotReady(self.settings, topic, partition, "its leadership is still settling", exc)
+        try:  # no answer about the partition: does the cluster answer at all?
+            self._consumer.list_topics(topic, timeout=1)
+        except KafkaException:
+            return BrokerUnreachable(self.settings, f"no offsets for {topic}[{partition}]: {exc}")
+        return TopicNotReady(self.settings, topic, partition, "its leader did not answer", exc)
 
     # --- sending --------------------------------------------------------------------------------------------
     def send(self, command_id: str, body_name: str, body: dict[str, Any], routing_account: str) -> str:

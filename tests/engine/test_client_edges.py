@@ -9,11 +9,12 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import pytest
 from confluent_kafka import Producer
 
-from connectors.admin import BrokerUnreachable
+from connectors.admin import BrokerUnreachable, TopicNotReady
 from connectors.aioclient import AsyncLedgerClient
 from connectors.client import LedgerClient, Leg
 from projections.topics import read_topic
@@ -89,6 +90,24 @@ def test_no_broker_fails_fast_with_one_line():
                                                          "(Failed to get metadata: Local: Broker transport failure)"], \
             (args, done.stderr)
         assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 2, (args, done.stderr)
+
+
+def test_a_topic_the_cluster_does_not_know_is_not_called_unreachable(kafka_bootstrap):
+    """The cluster answers but does not know the results topic (not created, or created a moment ago and not
+    known to the broker asked yet): the client waits for it within its connect timeout, then says so, not
+    "cannot reach Kafka"; the CLI ends with the same line and EX_UNAVAILABLE."""
+    prefix = f"absent{uuid.uuid4().hex[:8]}."
+    settings = Settings(bootstrap=kafka_bootstrap, prefix=prefix, connect_timeout_s=2.0)
+    with pytest.raises(TopicNotReady, match=rf"answers, but within 2 s it did not serve {prefix}results\[0\]: "
+                                            r"the topic is not known to the cluster yet"):
+        LedgerClient(settings, "c")
+    env = {**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap, "LEDGER_TOPIC_PREFIX": prefix,
+           "LEDGER_CONNECT_TIMEOUT_S": "2"}
+    done = subprocess.run([sys.executable, "-m", "connectors.cli", "open", "user:1:USD", "USD"], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=120)
+    assert done.returncode == TopicNotReady.EXIT_STATUS, (done.stdout, done.stderr)
+    assert "the topic is not known to the cluster yet" in done.stderr and "Traceback" not in done.stderr, \
+        done.stderr
 
 
 def test_a_bad_setting_is_one_line_not_a_traceback():
