@@ -25,7 +25,7 @@ class Cluster:
     def env(self) -> dict[str, str]:
         return {**os.environ, "LEDGER_STATE": str(self.state), "KAFKA_PORT": str(self.port),
                 "KAFKA_HEAP": os.environ.get("KAFKA_HEAP", "512m"),
-                # A node restarted on a loaded machine may need minutes; on a timeout kafka.sh stops every node.
+                # A node restarted on a loaded machine may need minutes (on a timeout kafka.sh stops that node).
                 "KAFKA_READY_TIMEOUT_S": os.environ.get("KAFKA_READY_TIMEOUT_S", "600")}
 
     @property
