@@ -28,7 +28,7 @@ from streams.authn import Signer
 from streams.core.rejections import Rejection
 from streams.core.returns import RETURNS_KEY
 from streams.config import Settings
-from streams.kafka_errors import NOT_KNOWN_YET, SETTLING, error_of, remaining
+from streams.kafka_errors import NOT_KNOWN_YET, SETTLING, error_of, timeout_within
 from streams.producing import produce
 from streams.wire import command_record
 
@@ -151,8 +151,8 @@ class LedgerClient:
         unknown to the broker asked, and a partition's leadership may be settling (after a broker fault)."""
         while True:
             try:
-                return self._consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=remaining(deadline, self.settings.connect_timeout_s))[1]
+                timeout = timeout_within(deadline, self.settings.connect_timeout_s)
+                return self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)[1]
             except KafkaException as exc:
                 code = exc.args[0].code()
                 if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:

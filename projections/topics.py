@@ -10,7 +10,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from schemas.codec import DecodeError, codec
 from streams.config import Settings
-from streams.kafka_errors import SETTLE_WAIT_S, asking_again, remaining
+from streams.kafka_errors import SETTLE_WAIT_S, asking_again, timeout_within
 
 SCHEMA_OF_TOPIC = {"commands": "command", "results": "result", "history": "history", "balances": "balance",
                    "dlq": "dead_letter", "changelog": "state"}
@@ -68,7 +68,7 @@ def read_topic(settings: Settings, name: str, decode: bool = True,
         assignment = []
         for partition in range(settings.partitions):
             tp = TopicPartition(topic, partition)
-            low, high = asking_again(lambda: consumer.get_watermark_offsets(tp, timeout=remaining(deadline, 10)),
+            low, high = asking_again(lambda: consumer.get_watermark_offsets(tp, timeout=timeout_within(deadline, 10)),
                                      deadline)
             if high > low:
                 ends[partition] = high

@@ -30,7 +30,7 @@ from streams import names, routing
 from streams.config import Settings
 from streams.core.rejections import NOT_A_DECISION, Rejection
 from streams.core.settlement import RECEIVABLE_MARK
-from streams.kafka_errors import error_of, passing, remaining
+from streams.kafka_errors import error_of, passing, timeout_within
 from streams.limits import echo_ids
 
 ENGINE_CLIENT = routing.ENGINE_CLIENT  # the client id of engine steps (follow-ups between partitions)
@@ -82,7 +82,7 @@ def _with_records(settings: Settings, topic: str, starts: dict[int, int], until:
     try:
         # The partitions' leaders first: assigned a partition whose leader it does not know yet, librdkafka
         # starts fetching only after a metadata round, up to a second later.
-        consumer.list_topics(topic, timeout=remaining(until, 10))
+        consumer.list_topics(topic, timeout=timeout_within(until, 10))
         consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
         deadline = min(time.monotonic() + 30, until)
         while open_ and time.monotonic() < deadline:
@@ -110,7 +110,7 @@ def _covered(settings: Settings, until: float) -> dict[int, int]:
     try:
         for partition in range(settings.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                       timeout=remaining(until, 10))
+                                                       timeout=timeout_within(until, 10))
             window = 64
             while high > low and partition not in covered:
                 start = max(low, high - window)
@@ -155,10 +155,11 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
     try:
         while time.monotonic() < deadline:
             try:
-                ends = [consumer.get_watermark_offsets(tp, timeout=remaining(deadline, 10))[1] for tp in partitions]
+                ends = [consumer.get_watermark_offsets(tp, timeout=timeout_within(deadline, 10))[1]
+                        for tp in partitions]
                 covered = _covered(settings, deadline)
                 committed, last_error = [], None
-                for tp in consumer.committed(partitions, timeout=remaining(deadline, 10)):
+                for tp in consumer.committed(partitions, timeout=timeout_within(deadline, 10)):
                     if tp.error is not None:  # this partition's offset unknown for now: not caught up
                         last_error = f"{tp.error.str()} (committed offset of partition {tp.partition})"
                     committed.append(max(tp.offset, 0, covered.get(tp.partition, 0)))

@@ -68,6 +68,6 @@ def asking_again(call: Callable[[], T], deadline: float, pause_s: float = 0.5,
             time.sleep(pause_s)
 
 
-def remaining(deadline: float, cap_s: float, floor_s: float = 0.1) -> float:
+def timeout_within(deadline: float, cap_s: float, floor_s: float = 0.1) -> float:
     """A single call's timeout: at most cap_s, never past the deadline (floor_s at the least)."""
     return max(floor_s, min(cap_s, deadline - time.monotonic()))
