@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from streams import routing
 from tests.helpers.bus import Bus, Crash
-from tests.helpers.interleavings import PROPERTY, checked_bus, finish, operation_lists, run_interleaved, send, step
+from tests.helpers.interleavings import (
+    PROPERTY, checked_bus, fill, finish, operation_lists, run_interleaved, send, step, until_reserved,
+)
 from tests.helpers.oracles import Oracles
 from tests.helpers.records import N, command, open_account, tx
 from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, SELLER_USDT, TRADE, setup_trade
@@ -26,18 +28,6 @@ SEEDS = range(6)
 def outcome(bus: Bus, command_id: str) -> str:
     r = bus.result(command_id)
     return r["outcome"] if r["outcome"] == "accepted" else r["reason"]
-
-
-def fill(fill_id: str, btc: int) -> list[tuple]:
-    """The buyer pays 59,900 USDT per BTC from the bid; the seller delivers `btc` satoshi from the ask."""
-    usdt = btc * 59_900 * 10**6 // 10**8
-    return [(BUYER_USDT, -usdt, "bid", None), (SELLER_USDT, usdt, None, "USDT"),
-            (SELLER_BTC, -btc, "ask", None), (BUYER_BTC, btc, None, "BTC")]
-
-
-def until_reserved(bus: Bus, oracles: Oracles, partition: int) -> None:
-    while bus.pending(partition):
-        step(bus, oracles, partition)
 
 
 # --- two transactions on one hold ---------------------------------------------------------------------------

@@ -18,11 +18,10 @@ from streams import placement, routing
 from streams.authn import Clients
 from streams.partition import PartitionProcessor
 from streams.store import MemoryStore
-from tests.engine.test_authn import CLIENTS, funded, results, send as signed_send, wallet_tx
-from tests.engine.test_interleavings import fill, until_reserved
+from tests.helpers.authn import CLIENTS, funded, results, send as signed_send, wallet_tx
 from tests.helpers.bus import Bus
 from tests.helpers.interleavings import (
-    CHAOS, CURRENCIES, FUNDS, TRADERS, Producer, checked_bus, send, step,
+    CHAOS, CURRENCIES, FUNDS, TRADERS, Producer, checked_bus, fill, send, step, until_reserved,
 )
 from tests.helpers.records import N, T0, batch, command, linked, local_users, open_account, transfer, tx
 from tests.helpers.trade import BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, setup_trade

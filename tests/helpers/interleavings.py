@@ -16,6 +16,7 @@ from streams import placement, routing
 from tests.helpers.bus import Bus
 from tests.helpers.oracles import Oracles
 from tests.helpers.records import N, batch, command, open_account, tx
+from tests.helpers.trade import BUYER_BTC, BUYER_USDT, SELLER_BTC, SELLER_USDT
 
 C = codec()
 CHAOS = {"max_records": 3, "crash_rate": 0.15, "restart_rate": 0.05}
@@ -232,3 +233,15 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
 EXAMPLES = int(os.environ.get("LEDGER_INTERLEAVING_EXAMPLES", "60"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 operation_lists = st.lists(ops, min_size=15, max_size=40)
+
+
+def fill(fill_id: str, btc: int) -> list[tuple]:
+    """The buyer pays 59,900 USDT per BTC from the bid; the seller delivers `btc` satoshi from the ask."""
+    usdt = btc * 59_900 * 10**6 // 10**8
+    return [(BUYER_USDT, -usdt, "bid", None), (SELLER_USDT, usdt, None, "USDT"),
+            (SELLER_BTC, -btc, "ask", None), (BUYER_BTC, btc, None, "BTC")]
+
+
+def until_reserved(bus: Bus, oracles: Oracles, partition: int) -> None:
+    while bus.pending(partition):
+        step(bus, oracles, partition)
