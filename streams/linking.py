@@ -4,27 +4,34 @@ The decision is the core's (streams/core/linked.py: execute_linked, judge_placem
 shell supplies what the engine knows, in the order a single command meets it (streams/partition.py):
 
 1. Each item is decoded and admitted as a client command (seal, authentication, limits, readable fields,
-   the client's policy). An item that fails is answered as it would be alone (dead letter or rejection).
+   then the client's policy, except for a command decided before: its stored answer stands, as for one
+   sent alone). An item that fails is answered as it would be alone (dead letter or rejection).
 2. The due holds expire (log time), as before any decision.
-3. Where each command is decided (PartitionProcessor.route). A batch touching more than one partition is
-   refused linked_spans_partitions, every command.
-4. Per command, in order, the engine's judgements outside the core: a routing refusal, contention with
-   transactions in flight (a command that would have to wait is refused in_flight: a batch waits as a whole
-   or not at all, and the waiting queue holds single commands), the system shards it needs (unknown_currency).
-   A command already decided (a retry) skips these: its stored answer stands.
-5. execute_linked on the commands as routed, each remembered under the fingerprint it was sent with.
+3. A producer's copy of a transaction placed in several partitions is its coordinator's to answer: not
+   answered here, and the others are refused linked_spans_partitions. A retry of a transaction under way is
+   answered when that transaction is decided (as alone), and the others are refused linked_failed.
+4. Where each command is decided (PartitionProcessor.route). A batch touching any partition but this one
+   is refused linked_spans_partitions, every command.
+5. Per command, in order, the engine's judgements outside the core: a routing refusal; a capture of a hold
+   a transaction in flight has locked part of (in_flight: the lock checks judge one command, and two
+   captures of the batch could take the locked part together); contention with transactions in flight
+   (spanning.refusal); a command that would have to wait (in_flight: a batch waits as a whole or not at all,
+   and the waiting queue holds single commands), counting what the batch's earlier commands credit; the
+   system shards it needs (unknown_currency). A command decided before skips these.
+6. execute_linked on the commands as routed, each remembered under the fingerprint it was sent with.
 
-The first failure of steps 1, 4 or 5 keeps its own answer and every other command is refused
-linked_failed naming it. A retry of the batch gets the same answers, as duplicates. Everything a step
-staged is undone if the batch fails part way (PartitionProcessor.guarded), and every readable command is
-then refused invalid_command.
+The first failure keeps its own answer and every other command is refused linked_failed naming it, each
+answered after the ones before it (an id the batch holds twice is decided once). A refused transaction's
+copies elsewhere are released at once, as for any refusal. A retry of the batch gets the same answers, as
+duplicates. Everything a step staged is undone if the batch fails part way (PartitionProcessor.guarded), and
+every readable command is then refused invalid_command.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from schemas.codec import DecodeError
-from streams import core
+from streams import core, placement
 from streams.core import linked
 from streams.core.rejections import Rejection
 from streams.routing import ENGINE_CLIENT
@@ -80,7 +87,9 @@ class Linking:
             if isinstance(admitted, Rejection):
                 failure = failure or (None, linked.failed(record["command_id"], admitted.code))
                 continue
-            refusal = proc.not_permitted(admitted)
+            # A command decided before keeps its stored answer, as one sent alone is answered from the inbox
+            # before its client's policy is read again.
+            refusal = None if self._seen(admitted) else proc.not_permitted(admitted)
             if refusal is not None and failure is None:
                 proc.reject_command(admitted, Rejection.NOT_PERMITTED, refusal)
                 failure = (admitted, linked.failed(admitted.command_id, Rejection.NOT_PERMITTED.code))
@@ -91,30 +100,38 @@ class Linking:
         proc.expire_due(offset, timestamp_ms)
         self._judge(offset, commands)
 
+    def _seen(self, command: core.Command) -> bool:
+        return self.proc.state.processed((command.client_id, command.command_id)) is not None
+
     def _judge(self, offset: int, commands: list[tuple[int, core.Command]]) -> None:
         proc = self.proc
+        # A producer's copy of a transaction placed in several partitions is its coordinator's to answer
+        # (PartitionProcessor.judge): not answered here; the batch cannot hold it.
+        copies = [(index, command) for index, command in commands
+                  if isinstance(command, core.PostTransaction) and proc.spanning.is_copy(command)]
+        if copies:
+            others = [(index, command) for index, command in commands if (index, command) not in copies]
+            self._refuse_each(offset, others, Rejection.LINKED_SPANS_PARTITIONS,
+                              f"linked with {copies[0][1].command_id}, a transaction placed in several partitions")
+            return
         for index, command in commands:
-            if proc.spanning.under_way(command):  # its answer comes from the two phases under way
+            if proc.spanning.under_way(command):  # a retry: answered when that transaction is decided
                 proc.position = f"{offset}.{index}"
-                proc.reject(command.command_id, command.client_id, command.at_ms, Rejection.IN_FLIGHT,
-                            f"transaction {command.command_id} is in flight; it cannot join a linked batch")
-                self._refuse_others(offset, commands, command,
-                                    linked.failed(command.command_id, Rejection.IN_FLIGHT.code))
+                proc.spanning.begin(command, offset)
+                self._refuse_others(offset, commands, command, linked.waiting_on(command.command_id))
                 return
         routes = [proc.route(command) for _, command in commands]
-        misplaced = linked.judge_placement(self._touched(route) for route in routes)
+        misplaced = linked.judge_placement((self._touched(route) for route in routes), proc.partition)
         if misplaced is not None:
-            as_sent = [command for _, command in commands]
-            for (index, command), (result, changes) in zip(commands, linked.refuse_all(proc.state, as_sent,
-                                                                                         *misplaced)):
-                self._answer(offset, index, command, result, changes)
+            self._refuse_each(offset, commands, *misplaced)
             return
+        credited: dict[str, int] = {}  # what the batch's earlier commands credit, per account
         for (index, command), route in zip(commands, routes):
-            if proc.state.processed((command.client_id, command.command_id)) is not None:
+            if self._seen(command):
                 continue  # a retry: its stored answer stands (execute_linked gives it)
             proc.position = f"{offset}.{index}"
-            refusal = route.refusal or proc.spanning.refusal(command)
-            if refusal is None and proc.spanning.waits(command):
+            refusal = route.refusal or self._locked(command) or proc.spanning.refusal(command)
+            if refusal is None and proc.spanning.waits(command, credited):
                 refusal = (Rejection.IN_FLIGHT, "it would wait for a transaction in flight, and a linked batch is "
                                                 "decided at once or not at all; send it again once that is decided")
             if refusal is not None:
@@ -125,6 +142,10 @@ class Linking:
                 self._refuse_others(offset, commands, command,
                                     linked.failed(command.command_id, Rejection.UNKNOWN_CURRENCY.code))
                 return
+            if isinstance(command, core.PostTransaction):
+                for leg in command.legs:
+                    if leg.amount > 0:
+                        credited[leg.account_id] = credited.get(leg.account_id, 0) + leg.amount
         # As routed; a command decided before whose route has no command (a refusal) as sent: the core
         # answers it from the inbox without judging it.
         routed = [command if route.command is None else route.command for (_, command), route in zip(commands, routes)]
@@ -133,11 +154,29 @@ class Linking:
         for (index, _), command, fingerprint, (result, changes) in zip(commands, routed, fingerprints, decided):
             self._answer(offset, index, command, result, changes, fingerprint)
 
+    def _locked(self, command: core.Command) -> tuple[Rejection, str] | None:
+        """A capture of a hold a transaction in flight has locked part of is refused in a linked batch: the
+        spanning checks judge one command against the locks, and several captures of the batch together
+        could take the locked part."""
+        if isinstance(command, core.PostTransaction):
+            for leg in command.legs:
+                if leg.hold_id is not None and self.proc.spanning.locked(leg.hold_id):
+                    return (Rejection.IN_FLIGHT, f"hold {leg.hold_id} is reserved in part by a transaction in "
+                                                 f"flight; a linked batch does not capture it meanwhile")
+        return None
+
     def _touched(self, route: "Route") -> set[int]:
         """The partitions a command touches as the engine routes it."""
         if route.elsewhere is not None:
             return {route.elsewhere}
         return set(route.spans) or {self.proc.partition}
+
+    def _refuse_each(self, offset: int, commands: list[tuple[int, core.Command]], reason: Rejection,
+                     detail: str) -> None:
+        """Every command refused for one reason (the batch as a whole cannot be linked)."""
+        answers = linked.refuse_all(self.proc.state, [command for _, command in commands], reason, detail)
+        for (index, command), (result, changes) in zip(commands, answers):
+            self._answer(offset, index, command, result, changes)
 
     def _refuse_others(self, offset: int, commands: list[tuple[int, core.Command]], failing: core.Command | None,
                        failure: str) -> None:
@@ -156,3 +195,5 @@ class Linking:
             proc.emit_result(result_to_wire(result, command.at_ms, None, []))
             return
         proc.record_decision(command, result, changes, offset, fingerprint or command.fingerprint())
+        if not result.accepted and isinstance(command, core.PostTransaction) and placement.is_placed(command.metadata):
+            proc.spanning.cancel_copies(command)  # as for any refusal: its copies' reservations end now

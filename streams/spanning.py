@@ -551,10 +551,11 @@ class Spanning:
                 keys.append(f"a:{account_id}")
         return keys
 
-    def waits(self, command: core.Command) -> bool:
+    def waits(self, command: core.Command, earlier: dict[str, int] | None = None) -> bool:
         """Whether a client's command must wait for a transaction in flight before it is decided: it ends a
         hold a reservation has locked (release, expire), freezes or closes an account with reservations, or
-        names a hold or account a waiting command names (so it keeps its place behind it)."""
+        names a hold or account a waiting command names (so it keeps its place behind it). earlier: what the
+        commands decided together with it (a linked batch) credit before it, per account."""
         if command.client_id == ENGINE_CLIENT:
             return False
         queue = self.state.record(WAITING)
@@ -562,7 +563,7 @@ class Spanning:
             waiting = {k for entry in queue for k in entry["keys"]}
             if waiting.intersection(self._keys(command)):
                 return True
-        return self._blocked(command)
+        return self._blocked(command, earlier or {})
 
     def wait(self, command: core.Command, offset: int) -> None:
         """Queue the command; it is decided, at its own log time, once what it waits for is decided."""
@@ -595,7 +596,7 @@ class Spanning:
             for i, entry in enumerate(queue):
                 record = entry["command"]
                 command = command_from_wire({**record, "body": tuple(record["body"])}, entry["at_ms"])
-                if not ahead.intersection(entry["keys"]) and not self._blocked(command):
+                if not ahead.intersection(entry["keys"]) and not self._blocked(command, {}):
                     chosen = i, command
                     break
                 ahead.update(entry["keys"])
@@ -616,7 +617,7 @@ class Spanning:
                                    records=[(WAITING, rest or None)])
         proc.position = position
 
-    def _blocked(self, command: core.Command) -> bool:
+    def _blocked(self, command: core.Command, earlier: dict[str, int]) -> bool:
         """What a reservation holds: a locked hold (release, expiry), an account with reservations (freeze,
         close), and the headroom under a balance limit that reserved credits count on (another credit)."""
         if isinstance(command, (core.ReleaseHold, core.ExpireHold)):
@@ -637,7 +638,8 @@ class Spanning:
                 # The reserved credits were judged on what the account holds now: a credit that could take it
                 # past its cap, or past what an amount may be, would make their commits fail. It waits.
                 if account is not None and (account.policy.max_balance is not None or
-                                            account.posted + sum(reserved.values()) + amount > core.MAX_ABS_AMOUNT):
+                                            account.posted + sum(reserved.values()) + earlier.get(account_id, 0)
+                                            + amount > core.MAX_ABS_AMOUNT):
                     return True
         return False
 

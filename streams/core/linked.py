@@ -9,8 +9,8 @@ with a detail naming it. Every answer is remembered (the inbox entry is the only
 batch is answered the same; the ids are spent, like any rejection's. A command already decided before (a
 duplicate) keeps its stored answer and is not written again.
 
-Only within one partition for now: ``judge_placement`` refuses a batch whose commands live in more than one
-partition ``linked_spans_partitions`` (each command, remembered), since a partition can stage and undo only
+Only within one partition: ``judge_placement`` refuses a batch whose commands live anywhere but the partition
+deciding it ``linked_spans_partitions`` (each command, remembered), since a partition can stage and undo only
 its own state; across partitions the batch would be one unit of the two-phase protocol (docs/wallet-operations.md).
 """
 
@@ -102,8 +102,12 @@ def execute_linked(state: StateReader, commands: Sequence[Command],
         fingerprint = None if fingerprints is None else fingerprints[index]
         result, changes = execute(staged, command, registry, fingerprint)
         if not result.accepted:
-            others = iter(others_refused(state, commands, command, failed(command.command_id, result.reason.code),
-                                         fingerprints))
+            # The others are answered after the failing one's answer, each after the one before it: an id
+            # the batch holds twice is decided once (the second copy is its duplicate, or an id conflict).
+            failed_state = _Staged(state)
+            failed_state.stage(changes)
+            others = iter(others_refused(failed_state, commands, command,
+                                         failed(command.command_id, result.reason.code), fingerprints))
             return [(result, changes) if other is command else next(others) for other in commands]
         staged.stage(changes)
         for currency in changes.currencies:
@@ -115,10 +119,18 @@ def execute_linked(state: StateReader, commands: Sequence[Command],
 def others_refused(state: StateReader, commands: Sequence[Command], failing: Command | None, failure: str,
                    fingerprints: Sequence[str | None] | None = None) -> list[tuple[Result, Changes]]:
     """The answer of every command of a linked batch but `failing` (None: the failing item was no command,
-    e.g. undecodable): linked_failed, the detail naming what failed (failure, see failed), each remembered."""
-    return [_refused(state, other, Rejection.LINKED_FAILED, failure,
-                     None if fingerprints is None else fingerprints[index])
-            for index, other in enumerate(commands) if other is not failing]
+    e.g. undecodable): linked_failed, the detail naming what failed (failure, see failed), each remembered.
+    Answered in order, each after the ones before it (an id held twice is decided once)."""
+    staged = _Staged(state)
+    out = []
+    for index, other in enumerate(commands):
+        if other is failing:
+            continue
+        result, changes = _refused(staged, other, Rejection.LINKED_FAILED, failure,
+                                   None if fingerprints is None else fingerprints[index])
+        staged.stage(changes)
+        out.append((result, changes))
+    return out
 
 
 def failed(name: str, reason: str) -> str:
@@ -126,17 +138,31 @@ def failed(name: str, reason: str) -> str:
     return f"linked with {name}, which was refused {reason}"
 
 
-def judge_placement(partitions: Iterable[Iterable[int]]) -> tuple[Rejection, str] | None:
-    """None when every command of a linked batch lives in one partition (partitions: per command, the
-    partitions it touches, as the engine routes it), else why the batch is refused."""
+def waiting_on(name: str) -> str:
+    """The detail of a linked_failed answer when an item is a retry of a transaction in flight: it is
+    answered when that transaction is decided, so the batch cannot take effect as one."""
+    return f"linked with {name}, a transaction in flight that is answered when it is decided"
+
+
+def judge_placement(partitions: Iterable[Iterable[int]], here: int) -> tuple[Rejection, str] | None:
+    """None when every command of a linked batch lives in `here`, the partition deciding it (partitions: per
+    command, the partitions it touches, as the engine routes it), else why the batch is refused."""
     touched = sorted({p for command in partitions for p in command})
-    if len(touched) > 1:
+    if touched and touched != [here]:
         return (Rejection.LINKED_SPANS_PARTITIONS,
-                f"a linked batch decides in one partition; its commands touch partitions {touched}")
+                f"a linked batch is decided in the partition it is sent to ({here}); its commands touch "
+                f"partitions {touched}")
     return None
 
 
 def refuse_all(state: StateReader, commands: Sequence[Command], reason: Rejection,
                detail: str) -> list[tuple[Result, Changes]]:
-    """Every command of a batch refused for one reason (a batch that cannot be linked), each remembered."""
-    return [_refused(state, command, reason, detail) for command in commands]
+    """Every command of a batch refused for one reason (a batch that cannot be linked), each remembered, in
+    order (an id held twice is decided once)."""
+    staged = _Staged(state)
+    out = []
+    for command in commands:
+        result, changes = _refused(staged, command, reason, detail)
+        staged.stage(changes)
+        out.append((result, changes))
+    return out

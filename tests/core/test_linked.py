@@ -61,9 +61,10 @@ def test_a_linked_batch_across_partitions_is_refused_and_remembered() -> None:
     ledger = Ledger().run(SETUP)
     commands = [ledger._command(100, "transfer t1 a:USD->b:USD 1.00 id=x1"),
                 ledger._command(101, "transfer t2 a:USD->c:USD 1.00 id=x2")]
-    assert judge_placement([{3}, {3}]) is None and judge_placement([]) is None
-    reason, detail = judge_placement([{3}, {3, 5}])
+    assert judge_placement([{3}, {3}], 3) is None and judge_placement([], 3) is None
+    reason, detail = judge_placement([{3}, {3, 5}], 3)
     assert reason is Rejection.LINKED_SPANS_PARTITIONS and "[3, 5]" in detail
+    assert judge_placement([{5}, {5}], 3)[0] is Rejection.LINKED_SPANS_PARTITIONS  # all elsewhere: not here
     decided = refuse_all(ledger.state, commands, reason, detail)
     assert [r.reason for r, _ in decided] == [Rejection.LINKED_SPANS_PARTITIONS] * 2
     for _, changes in decided:

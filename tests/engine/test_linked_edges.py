@@ -2,9 +2,11 @@
 transactions in flight, where a command lives, the inbox, the client's policy) must hold for a linked batch as
 it holds for the same commands sent one by one, and linked batches must keep every promise through crashes.
 
-The tests marked xfail(strict=True) show defects of the linked path found in review (streams/linking.py,
-streams/core/linked.py); each says what goes wrong. They turn into failures (XPASS) once fixed: then drop the
-mark.
+The first six were defects of the linked path found in review, each now fixed (streams/linking.py,
+streams/core/linked.py): two captures of one batch taking together the part of a hold a transaction in flight
+locked; a batch for another partition decided where it arrived; an id twice in a failing batch decided twice;
+the client's policy judged before the inbox on a retry; an in_flight answer to a retry of a transaction under
+way (its final answer came too); a placed copy decided at a participant.
 """
 from __future__ import annotations
 
@@ -50,11 +52,6 @@ def first_answers(bus: Bus, command_id: str) -> list[tuple[str, str | None]]:
 
 # --- checks outside the core, judged per command against the state before the batch -----------------------
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "Linking._judge applies spanning.refusal to each command against the state before the batch: two captures "
-    "that each fit the unlocked rest of a hold pass, the core accepts both, the hold keeps less than a "
-    "transaction in flight locked, its commit in that partition fails (invalid_command) and the transaction "
-    "stays half committed (P5, P6)"))
 def test_two_linked_captures_cannot_take_together_what_a_transaction_in_flight_locked():
     bus, oracles = checked_bus()
     setup_trade(bus, ask=30_000_000, seller_btc=30_000_000)
@@ -71,10 +68,6 @@ def test_two_linked_captures_cannot_take_together_what_a_transaction_in_flight_l
     oracles.check_quiet()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "judge_placement only refuses a batch touching more than one partition: a batch whose commands all live "
-    "in one other partition is decided here, as sent (route.command is None), so an account opens in a "
-    "partition that does not own it (stored in two partitions, two histories and balances for one id)"))
 def test_a_linked_batch_whose_commands_live_in_another_partition_is_not_decided_here():
     bus = Bus()
     bus.send(open_account(FAR), FAR)
@@ -105,10 +98,6 @@ def feed(proc: PartitionProcessor, values: list[bytes]) -> tuple[list[dict], lis
     return [C.decode("result", o.value) for o in outputs if o.topic == "results"], changelog
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "execute_linked, others_refused and refuse_all answer every other command against the state before the "
-    "batch: an id sent twice in a batch that fails is decided twice, the second answer (linked_failed, under "
-    "its own fingerprint) overwriting the first in the inbox (P4)"))
 def test_a_command_sent_twice_in_a_failing_linked_batch_is_decided_once():
     proc = processor()
     overdraw = transfer("tf", (A, -5_000), (B, 5_000))
@@ -124,10 +113,6 @@ def test_a_command_sent_twice_in_a_failing_linked_batch_is_decided_once():
     assert len(decisions(changelog, "open:user:x:USD")) == 1, "refused linked_spans_partitions twice"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "Linking._decide judges the client's policy before the inbox (a single command is answered from the inbox "
-    "first): a retry of an accepted command in a linked batch, after the operator narrowed the client's "
-    "policy, is refused not_permitted and that refusal overwrites the stored acceptance (P4)"))
 def test_a_linked_retry_of_an_accepted_command_keeps_its_answer_after_the_policy_changed():
     bus = Bus()
     for proc in bus.procs.values():
@@ -145,10 +130,6 @@ def test_a_linked_retry_of_an_accepted_command_keeps_its_answer_after_the_policy
     assert results(bus, "pay") == [("accepted", None, False), ("accepted", None, True), ("accepted", None, True)]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a retry of a transaction under way inside a linked batch is answered in_flight at once (not remembered), "
-    "then the transaction's real answer comes: two contradicting answers for one command (P4, P10: the answer "
-    "a sender receives is the final outcome); one by one the retry is answered only when it is decided"))
 def test_a_linked_retry_of_a_transaction_in_flight_gets_only_its_final_answer():
     bus = Bus()
     for account in (A, FAR):
@@ -163,10 +144,6 @@ def test_a_linked_retry_of_a_transaction_in_flight_gets_only_its_final_answer():
     assert first_answers(bus, "far") == [("accepted", None)]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a placed transaction (the producer wrote it to every partition it touches) alone in a linked batch at a "
-    "participant routes to its coordinator only, so the participant decides it as sent (unknown_account) and "
-    "remembers that under the client's id while the coordinator accepts it: two decisions (P4, P10)"))
 def test_a_placed_transaction_in_a_linked_batch_is_decided_once():
     bus = Bus()
     for account in (A, FAR):
@@ -241,10 +218,8 @@ def run_linked_interleaved(seed: int) -> None:
         for partition, items in by_partition.items():
             for value, _ in items:
                 oracles.sent_command(value)
-            ids = [C.decode("command", value)["command_id"] for value, _ in items]
             pick = rng.random()
-            # A retry next to its original in one linked batch is the defect shown above: kept out of here.
-            if len(items) > 1 and pick < 0.6 and len(set(ids)) == len(ids):
+            if len(items) > 1 and pick < 0.6:
                 bus.send_to(partition, linked(*[value for value, _ in items]))
             elif len(items) > 1 and pick < 0.8:
                 bus.send_to(partition, batch(*[value for value, _ in items]))
@@ -285,3 +260,26 @@ def run_linked_interleaved(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_linked_batches_keep_every_promise_through_crashes_and_redeliveries(seed):
     run_linked_interleaved(seed)
+
+
+def test_credits_of_one_batch_count_together_against_what_transactions_in_flight_reserved():
+    """A payment to FAR is in flight (its credit reserved on FAR, near the largest amount an account may hold).
+    Each deposit of the batch alone leaves room for the reserved credit; together they would not, so the
+    reserved credit's commit could not post. The batch is refused and the payment posts."""
+    from streams.core import MAX_ABS_AMOUNT
+    bus = Bus()
+    for account in (A, FAR):
+        bus.send(open_account(account), account)
+    bus.send(transfer("dep", ("sys:world:USD", -1_000), (A, 1_000)), A)
+    bus.send(transfer("big", ("sys:world:USD", -(MAX_ABS_AMOUNT - 300)), (FAR, MAX_ABS_AMOUNT - 300)), FAR)
+    bus.run()
+    coordinator = bus.send(transfer("far", (A, -100), (FAR, 100)), A)
+    bus.step(coordinator)  # begun: Reserve sent to FAR's partition
+    payee = routing.partition_of_account(FAR, N)
+    bus.step(payee)  # FAR's credit of 100 reserved
+    bus.send(linked(transfer("d1", ("sys:world:USD", -150), (FAR, 150)),
+                    transfer("d2", ("sys:world:USD", -100), (FAR, 100))), FAR)
+    bus.run()
+    assert {c: bus.result(c)["reason"] or "accepted" for c in ("d1", "d2", "far")} == {
+        "d1": "linked_failed", "d2": "in_flight", "far": "accepted"}
+    assert bus.account(FAR) == (MAX_ABS_AMOUNT - 200, 0)
