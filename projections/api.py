@@ -37,11 +37,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from projections.access import ApiTokens, TokenGate
 from projections.answers import ApiError
-from projections.db import display
+from projections.db import display, is_postgres
 from projections.drift import CHECK_EVERY_S as DRIFT_EVERY_S, DriftChecker, run as run_drift
 from projections.hub import POLL_S, READ_THREADS, Hub, Readers
 from projections.metrics import ReadSideCollector, StatsCache
-from projections.routes import DASHBOARD, ReadSide, router
+from projections.routes import DASHBOARD, AccountLookups, ReadSide, router
 from projections.store import Store
 from projections.worker_metrics import WorkerMetrics, endpoints
 from streams.config import Settings
@@ -140,8 +140,10 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
     app.state.stats = stats
     app.state.hub = hub
     app.state.read_side = ReadSide(readers, hub, stats, registry, drift, settings.prefix if settings else None,
-                                   min_seq_timeout_s)
+                                   min_seq_timeout_s, inline_lookups=not is_postgres(target))
     _answer_errors_as_json(app)
+    # The account lookup's short path, inside the token gate (a middleware added later runs first).
+    app.add_middleware(AccountLookups, read_side=app.state.read_side, error=_error)
     tokens = tokens if tokens is not None else ApiTokens.from_env()
     if tokens is not None:  # every request passes the token gate first (projections/access.py)
         app.add_middleware(TokenGate, tokens=tokens)

@@ -32,6 +32,20 @@ def test_balance_views_with_exact_and_formatted_amounts(api):
     assert api.get(f"/accounts/{shard}").json()["account_id"] == shard
 
 
+@pytest.mark.parametrize("account", ["user:buyer:USDT", "sys:fees:BTC", "sys:fees:BTC@0", "user:nobody:USD",
+                                     "user%3Abuyer%3AUSDT"])
+def test_the_short_path_of_an_account_lookup_answers_as_the_route(api, account):
+    """GET /accounts/{id} without a query string skips FastAPI's routing (routes.AccountLookups); with one
+    (min_seq=0, reached at once) it goes through the route: the same status, headers and bytes. An unknown
+    account (min_seq would wait for it) is compared with a routed answer that looks it up the same way."""
+    unknown = "nobody" in account
+    short = api.get(f"/accounts/{account}")
+    routed = api.get(f"/accounts/{account}/holds" if unknown else f"/accounts/{account}?min_seq=0")
+    assert (short.status_code, short.content) == (routed.status_code, routed.content)
+    assert short.headers["content-type"] == routed.headers["content-type"] == "application/json"
+    assert short.status_code == (404 if unknown else 200)
+
+
 def test_history_pages_by_cursor_and_caps_the_page_size(api):
     seen, cursor = [], None
     while True:
