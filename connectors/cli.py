@@ -304,14 +304,18 @@ def verify(
 ) -> None:
     """Check the oracles of DESIGN.md §2 over the topics (run it when the ledger is quiescent)."""
     from connectors.progress import steps, wanted
-    from projections.verify import format_report, verify as run_verify, wait_quiescent
+    from projections.verify import at_a_quiet_point, format_report, verify as run_verify
 
     settings = _kafka_settings()
     with steps(wanted(progress)) as bars:
-        if wait_s and not wait_quiescent(settings, wait_s,
-                                         on_state=lambda done, end: bars.set("commands decided", done, end)):
-            typer.echo(f"warning: the workers have not caught up after {wait_s}s; checking anyway", err=True)
-        report = run_verify(settings, bars.counting)
+        if wait_s:
+            # Read as the topics stood at a quiet point (read again if a tick was decided meanwhile).
+            quiet, report = at_a_quiet_point(settings, lambda: run_verify(settings, bars.counting), wait_s,
+                                             on_state=lambda done, end: bars.set("commands decided", done, end))
+            if not quiet:
+                typer.echo(f"warning: the workers have not caught up after {wait_s}s; checked anyway", err=True)
+        else:
+            report = run_verify(settings, bars.counting)
     typer.echo(format_report(report))
     raise typer.Exit(0 if report.ok else 1)
 

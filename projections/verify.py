@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -30,13 +30,14 @@ from streams import names, routing
 from streams.config import Settings
 from streams.core.rejections import NOT_A_DECISION, Rejection
 from streams.core.settlement import RECEIVABLE_MARK
-from streams.kafka_errors import error_of, passing, timeout_within
+from streams.kafka_errors import SETTLE_WAIT_S, asking_again, error_of, passing, timeout_within
 from streams.limits import echo_ids
 
 ENGINE_CLIENT = routing.ENGINE_CLIENT  # the client id of engine steps (follow-ups between partitions)
 MAX_MESSAGES = 200  # violations (and notes) kept in a report; the counts go on
 
 CommandKey = tuple[str, str]  # (client_id, command_id)
+T = TypeVar("T")
 
 
 @dataclass
@@ -131,17 +132,49 @@ def _covered(settings: Settings, until: float) -> dict[int, int]:
     return covered
 
 
-def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float = 1.5,
-                   on_state: Callable[[int, int], None] | None = None) -> bool:
-    """Wait until the workers have committed every command, follow-ups included, and nothing moves.
+@dataclass(frozen=True)
+class Look:
+    """One look at the commands topic: its end offsets, then how far the workers have decided it (per
+    partition: the group's committed offset or the changelog's covered mark, a partition left with only
+    transaction markers counted as decided), then its end offsets again."""
+    ends: Sequence[int]
+    decided: Sequence[int]
+    ends_after: Sequence[int]
 
-    Quiescent = the worker group's committed offset equals the end of every commands partition, twice in
-    a row settle_s apart (a follow-up command produced meanwhile moves an end and restarts the wait).
-    on_state(decided, end): the commands offsets covered so far and the end, summed over partitions, at
+    @property
+    def quiet(self) -> bool:
+        """Every command decided at one instant: nothing was appended while the look was taken, and what was
+        there had all been decided. Transactions commit a batch's outputs and follow-ups with its offsets, so
+        nothing of it is still to come. Records appended after the look (a worker's tick, streams/ticks.py,
+        every LEDGER_TICK_S while a hold is due) do not undo it: the ledger writes its own commands, so
+        "nothing appended for a while" may never hold."""
+        return list(self.ends) == list(self.decided) == list(self.ends_after)
+
+
+def wait_for_quiet(look: Callable[[], Look | None], deadline: float, settle_s: float,
+                   on_state: Callable[[int, int], None] | None = None) -> Look | None:
+    """Take looks settle_s apart until one is quiet (returned) or the monotonic deadline passes (None). A
+    look of None (Kafka could not answer it for now) is looked again."""
+    while time.monotonic() < deadline:
+        seen = look()
+        if seen is not None and on_state is not None:
+            on_state(sum(seen.decided), sum(seen.ends_after))
+        if seen is not None and seen.quiet:
+            return seen
+        time.sleep(min(settle_s, max(0.0, deadline - time.monotonic())))
+    return None
+
+
+def quiet_look(settings: Settings, timeout_s: float = 120.0, settle_s: float = 1.5,
+               on_state: Callable[[int, int], None] | None = None) -> Look | None:
+    """Wait until the workers have decided every command, follow-ups included, at one instant (Look.quiet);
+    that look, or None at timeout_s.
+
+    on_state(decided, end): the commands offsets decided so far and the end, summed over partitions, at
     each look (for a progress bar).
 
     An error that passes (streams/kafka_errors.py: a partition's leader or the group's coordinator moving after
-    a broker fault, a broker not answering for now) makes it look again; at timeout_s it returns False and
+    a broker fault, a broker not answering for now) makes it look again; at timeout_s it returns None and
     says on stderr what it saw last, that error included. Any other Kafka error is raised.
     """
     group = f"{settings.prefix}workers"
@@ -149,47 +182,92 @@ def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float
     topic = settings.topic("commands")
     partitions = [TopicPartition(topic, p) for p in range(settings.partitions)]
     deadline = time.monotonic() + timeout_s
-    previous = None
-    state: tuple = ("unknown", "unknown")
+    last: Look | None = None
     last_error: str | None = None  # the latest error that passed, for the verdict
+
+    def ends() -> list[int]:
+        return [consumer.get_watermark_offsets(tp, timeout=timeout_within(deadline, 10))[1] for tp in partitions]
+
+    def look() -> Look | None:
+        nonlocal last, last_error
+        try:
+            before = ends()
+            covered = _covered(settings, deadline)
+            committed, last_error = [], None
+            for tp in consumer.committed(partitions, timeout=timeout_within(deadline, 10)):
+                if tp.error is not None:  # this partition's offset unknown for now: not caught up
+                    last_error = f"{tp.error.str()} (committed offset of partition {tp.partition})"
+                committed.append(max(tp.offset, 0, covered.get(tp.partition, 0)))
+            # Below the end but with nothing to read there: only transaction markers (or aborted records)
+            # are left, which take offsets and are no commands.
+            lagging = {p: c for p, (c, end) in enumerate(zip(committed, before)) if c < end}
+            busy = _with_records(settings, topic, lagging, deadline)
+            decided = [end if p in lagging and p not in busy else c
+                       for p, (c, end) in enumerate(zip(committed, before))]
+            last = Look(before, decided, ends())
+        except KafkaException as exc:
+            error = error_of(exc)
+            if error is None or not passing(error):
+                raise
+            # Leadership or the group coordinator still moving (after a broker fault): look again.
+            last_error = error.str()
+            return None
+        return last
+
     try:
-        while time.monotonic() < deadline:
-            try:
-                ends = [consumer.get_watermark_offsets(tp, timeout=timeout_within(deadline, 10))[1]
-                        for tp in partitions]
-                covered = _covered(settings, deadline)
-                committed, last_error = [], None
-                for tp in consumer.committed(partitions, timeout=timeout_within(deadline, 10)):
-                    if tp.error is not None:  # this partition's offset unknown for now: not caught up
-                        last_error = f"{tp.error.str()} (committed offset of partition {tp.partition})"
-                    committed.append(max(tp.offset, 0, covered.get(tp.partition, 0)))
-                # Below the end but with nothing to read there: only transaction markers (or aborted records)
-                # are left, which take offsets and are no commands.
-                lagging = {p: c for p, (c, end) in enumerate(zip(committed, ends)) if c < end}
-                busy = _with_records(settings, topic, lagging, deadline)
-            except KafkaException as exc:
-                error = error_of(exc)
-                if error is None or not passing(error):
-                    raise
-                # Leadership or the group coordinator still moving (after a broker fault): look again.
-                last_error = error.str()
-                previous = None
-                time.sleep(min(settle_s, max(0.0, deadline - time.monotonic())))
-                continue
-            committed = [end if p in lagging and p not in busy else c
-                         for p, (c, end) in enumerate(zip(committed, ends))]
-            state = (ends, committed)
-            if on_state is not None:
-                on_state(sum(committed), sum(ends))
-            if ends == committed and state == previous:
-                return True
-            previous = state if ends == committed else None
-            time.sleep(settle_s)
-        print(f"not quiescent within {timeout_s:g} s: commands ends {state[0]}, group offsets {state[1]}"
-              + (f"; last Kafka error: {last_error}" if last_error else ""), file=sys.stderr)
-        return False
+        quiet = wait_for_quiet(look, deadline, settle_s, on_state)
+        if quiet is None:
+            seen = "no look answered" if last is None else \
+                f"commands ends {list(last.ends_after)}, decided up to {list(last.decided)}"
+            print(f"not quiescent within {timeout_s:g} s: {seen}"
+                  + (f"; last Kafka error: {last_error}" if last_error else ""), file=sys.stderr)
+        return quiet
     finally:
         consumer.close()
+
+
+def wait_quiescent(settings: Settings, timeout_s: float = 120.0, settle_s: float = 1.5,
+                   on_state: Callable[[int, int], None] | None = None) -> bool:
+    """Whether the workers decided every command at one instant within timeout_s (quiet_look)."""
+    return quiet_look(settings, timeout_s, settle_s, on_state) is not None
+
+
+def commands_ends(settings: Settings, settle_s: float = SETTLE_WAIT_S) -> list[int]:
+    """The commands topic's end offsets now (asking again through leadership moving for up to settle_s)."""
+    consumer = Consumer(settings.bounded_reader_config(f"quiescent-{uuid.uuid4()}"))
+    deadline = time.monotonic() + settle_s
+    try:
+        return [asking_again(lambda: consumer.get_watermark_offsets(
+                    TopicPartition(settings.topic("commands"), p), timeout=timeout_within(deadline, 10))[1], deadline)
+                for p in range(settings.partitions)]
+    finally:
+        consumer.close()
+
+
+def at_a_quiet_point(settings: Settings, read: Callable[[], T], timeout_s: float = 120.0, settle_s: float = 1.5,
+                     on_state: Callable[[int, int], None] | None = None) -> tuple[bool, T]:
+    """read() the topics as they stood at a quiet look (quiet_look), and whether it was one; see read_still."""
+    deadline = time.monotonic() + timeout_s
+    return read_still(lambda: quiet_look(settings, max(0.0, deadline - time.monotonic()), settle_s, on_state),
+                      lambda: commands_ends(settings), read, deadline)
+
+
+def read_still(quiet: Callable[[], Look | None], ends_now: Callable[[], list[int]], read: Callable[[], T],
+               deadline: float) -> tuple[bool, T]:
+    """read() after a quiet look, again until the commands topic did not move while it read; (True, that read),
+    or (False, the last read) when none held still by the monotonic deadline.
+
+    The ledger writes commands of its own (a tick while a hold is due), so more may be appended and decided
+    after the look while read() runs, and one topic could then be read with their effects and another
+    without. Nothing is decided that was not appended: commands ends equal to the look's after read() mean
+    the read saw the topics as they stood at the look."""
+    while True:
+        look = quiet()
+        result = read()
+        if look is not None and list(ends_now()) == list(look.ends_after):
+            return True, result
+        if time.monotonic() >= deadline:
+            return False, result
 
 
 def read_streams(settings: Settings, counted: Callable[[str, Iterable], Iterable] | None = None) -> Streams:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from connectors.client import LedgerClient
 from connectors.scratch import drop, fresh_settings
 from projections.exactly_once import assert_exactly_once
 from projections.rebuild import rebuild_balances
-from projections.verify import verify, wait_quiescent
+from projections.verify import at_a_quiet_point, verify
 
 from benchmarks.fault_suite.cluster import Cluster
 from benchmarks.fault_suite.figures import Row, measure
@@ -98,13 +99,23 @@ def _oracles(row: Row, settings, sent_at: dict) -> None:
     read_committed reader sees it (projections.exactly_once), and the balances rebuilt from history
     hash-equal to the live ones (projections.rebuild, a fresh reader from offset 0)."""
     # These ask again through leadership moving after a fault (streams/kafka_errors.py), within their waits.
-    if not wait_quiescent(settings, 300):
+    # All read the topics as they stood at one quiet point: the workers tick (streams/ticks.py), and a tick
+    # decided while they read would show one topic with its effects and another without.
+    quiet, (violations, notes) = at_a_quiet_point(settings, lambda: _judged(settings, sent_at), 300)
+    if not quiet:
         row.violations["not_quiescent"] += 1
+    row.violations.update(violations)
+    row.notes += notes
+
+
+def _judged(settings, sent_at: dict) -> tuple[Counter, list[str]]:
+    """The oracles' violations by class, and notes on the first ones."""
+    violations: Counter = Counter()
     report = verify(settings)
     for key, count in report.counts.items():
         if key.startswith("violations."):
-            row.violations[key.split(".", 1)[1]] += count
-    row.notes += report.violations[:5]
+            violations[key.split(".", 1)[1]] += count
+    notes = report.violations[:5]
     by_client: dict[str, list[str]] = {}
     for client_id, command_id in sent_at:
         by_client.setdefault(client_id, []).append(command_id)
@@ -113,9 +124,10 @@ def _oracles(row: Row, settings, sent_at: dict) -> None:
             assert_exactly_once(settings, client_id, ids)
         except AssertionError as exc:
             found = re.match(r"(\d+) problems", str(exc))
-            row.violations["exactly_once"] += int(found.group(1)) if found else 1
-            row.notes.append(f"exactly once ({client_id}): {str(exc)[:400]}")
+            violations["exactly_once"] += int(found.group(1)) if found else 1
+            notes.append(f"exactly once ({client_id}): {str(exc)[:400]}")
     rebuilt = rebuild_balances(settings)
     if not rebuilt.ok:
-        row.violations["rebuild_hash"] += 1
-        row.notes.append(f"rebuilt balances differ from the live ones at {rebuilt.first_difference}")
+        violations["rebuild_hash"] += 1
+        notes.append(f"rebuilt balances differ from the live ones at {rebuilt.first_difference}")
+    return violations, notes
