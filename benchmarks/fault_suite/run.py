@@ -13,7 +13,9 @@ from connectors.client import LedgerClient
 from connectors.scratch import drop, fresh_settings
 from projections.exactly_once import assert_exactly_once
 from projections.rebuild import rebuild_balances
+from projections.topics import read_topic
 from projections.verify import at_a_quiet_point, verify
+from streams import ticks
 
 from benchmarks.fault_suite.cluster import Cluster
 from benchmarks.fault_suite.figures import Row, measure
@@ -101,11 +103,17 @@ def _oracles(row: Row, settings, sent_at: dict) -> None:
     # These ask again through leadership moving after a fault (streams/kafka_errors.py), within their waits.
     # All read the topics as they stood at one quiet point: the workers tick (streams/ticks.py), and a tick
     # decided while they read would show one topic with its effects and another without.
-    quiet, (violations, notes) = at_a_quiet_point(settings, lambda: _judged(settings, sent_at), 300)
+    reads = []
+    quiet, (violations, notes) = at_a_quiet_point(settings, lambda: reads.append(1) or _judged(settings, sent_at),
+                                                  300)
     if not quiet:
         row.violations["not_quiescent"] += 1
     row.violations.update(violations)
     row.notes += notes
+    tick = (ticks.KEY, ticks.value())
+    ticked = sum(1 for r in read_topic(settings, "commands", decode=False) if (r.key, r.raw) == tick)
+    row.notes.append(f"{ticked} ticks in the commands topic; the oracles read {len(reads)} time(s) "
+                     f"to find the topics still")
 
 
 def _judged(settings, sent_at: dict) -> tuple[Counter, list[str]]:
