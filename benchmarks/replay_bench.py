@@ -1,16 +1,19 @@
 """Read-side benchmark: replay records/s next to a raw consumer's rate, and API latency under load.
 
   python benchmarks/replay_bench.py [--records 300000] [--api-history 1000000] [--concurrency 32] [--pg-url URL]
+                                    [--skip-replay] [--skip-api] [--api-store PATH] [--paced-seconds 10]
 
 1. Replay: synthetic but well-formed history, balances and results records (what a worker publishes:
    one history and one balance record per change, one result per command) are produced under a fresh
    topic prefix; then a bare confluent-kafka consumer reads them (the ceiling on this machine, now) and
    a replay rebuilds a SQLite read store from them, and with a PostgreSQL server (--pg-url, default
    LEDGER_TEST_PG_URL, which `make bench-read` sets) a PostgreSQL one too. Reported side by side, because
-   the machine is shared.
+   the machine is shared. Then what a record costs a loader, measured apart: read, decode, insert.
 2. API: a read store with --api-history history entries is written directly (no broker: this measures
-   the API, not the projector), served by uvicorn in a subprocess, and GET /accounts/{id} is called by
-   --concurrency concurrent clients; p50/p99/max latency and requests/s are printed.
+   the API, not the projector; --api-store keeps it for the next run), served by uvicorn in a subprocess.
+   GET /accounts/{id} and the trivial GET /healthz are called by --concurrency closed-loop clients
+   (saturation: p50/p99/max latency, requests/s, and the server's CPU time per request), then on a fixed
+   schedule at half the lookup's saturated rate (open loop, latency from the scheduled send time).
 """
 from __future__ import annotations
 
@@ -94,9 +97,62 @@ def bench_replay(records: int, pg_url: str | None, workers: int) -> dict:
                   f"{workers} loaders")
         print(f"hash         : SQLite {figures['hash'][:16]}... PostgreSQL {figures.get('pg_hash', '-')[:16]}... "
               f"({'equal' if figures.get('pg_hash', figures['hash']) == figures['hash'] else 'DIFFERENT'})")
+        figures["costs"] = replay_costs(settings)
         return figures
     finally:
         delete_topics(settings)
+
+
+def replay_costs(settings) -> dict:
+    """Where a loader's time goes, per record on one core, measured apart in this process: reading the records
+    (what the raw consumer does), decoding them, and inserting the rows into SQLite (one transaction, as a
+    loader does). The replay's ratio to the raw consumer cannot beat what these add to the read."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from projections.bulk import SCHEMA_OF, SqliteSink, history_row, result_row
+
+    marks = replay.watermarks(settings)
+    consumer = Consumer({**settings.kafka_config(), "group.id": f"costs-{uuid.uuid4()}", "enable.auto.commit": False,
+                         "fetch.max.bytes": 64 * 1024 * 1024, "queued.max.messages.kbytes": 256 * 1024})
+    consumer.assign([TopicPartition(settings.topic(t), p, low) for (t, p), (low, high) in marks.items() if high > low])
+    total = sum(high - low for low, high in marks.values())
+    values: dict[str, list[bytes]] = {t: [] for t in SCHEMA_OF}
+    names = {settings.topic(t): t for t in SCHEMA_OF}
+    t0, n = time.perf_counter(), 0
+    while n < total:
+        for msg in consumer.consume(10_000, timeout=0.5):
+            if not msg.error():
+                values[names[msg.topic()]].append(msg.value())
+                n += 1
+    read_us = (time.perf_counter() - t0) / n * 1e6
+    consumer.close()
+    c = codec()
+    decode_us, decoded = {}, {}
+    for topic, vals in values.items():
+        t0 = time.perf_counter()
+        decoded[topic] = [c.decode(SCHEMA_OF[topic], v) for v in vals]
+        decode_us[topic] = (time.perf_counter() - t0) / max(len(vals), 1) * 1e6
+    history = [history_row(v, "0", "0") for v in decoded["history"]]
+    results = [result_row(v) for v in decoded["results"]]
+    with tempfile.TemporaryDirectory(prefix="ledger-costs-") as tmp:
+        sink = SqliteSink(str(Path(tmp) / "costs.db"))
+        t0 = time.perf_counter()
+        sink.history(history)
+        history_us = (time.perf_counter() - t0) / max(len(history), 1) * 1e6
+        t0 = time.perf_counter()
+        sink.results(results)
+        results_us = (time.perf_counter() - t0) / max(len(results), 1) * 1e6
+        sink.finish([], set(), merged_later=True)
+        sink.close()
+    per_record = sum(decode_us[t] * len(values[t]) for t in values) / n
+    insert = (history_us * len(history) + results_us * len(results)) / n
+    print(f"replay costs : per record on one core, measured apart: read {read_us:.1f} us (raw consumer), decode "
+          f"{per_record:.1f} us (history {decode_us['history']:.1f}, balances {decode_us['balances']:.1f}, results "
+          f"{decode_us['results']:.1f}), SQLite insert {insert:.1f} us (a history row {history_us:.1f}, a result row "
+          f"{results_us:.1f}): read + decode + insert = {(read_us + per_record + insert) / read_us:.1f}x the read alone",
+          flush=True)
+    return {"read_us": read_us, "decode_us": decode_us, "history_insert_us": history_us,
+            "result_insert_us": results_us}
 
 
 def build_store(path: Path, entries: int, accounts: int = 10_000) -> None:
@@ -151,6 +207,81 @@ def load(port: int, make_path, requests: int, concurrency: int) -> tuple[list[fl
     return sorted(latencies), time.perf_counter() - t0
 
 
+def load_at_rate(port: int, make_path, rate: float, seconds: float, concurrency: int) -> tuple[list[float], float]:
+    """(sorted latencies, seconds) of GETs issued on a fixed schedule, `rate` per second for `seconds`, over
+    `concurrency` keep-alive connections (open loop). A request's latency runs from the time it was scheduled
+    to be sent, not from when a connection was free to send it: when the server falls behind, the requests
+    waiting for a connection count their wait (no coordinated omission, as in wrk2)."""
+    rng = random.Random(11)
+    total = int(rate * seconds)
+    paths = [make_path(rng) for _ in range(total)]
+    latencies: list[float] = []
+
+    async def run() -> float:
+        due: asyncio.Queue = asyncio.Queue()
+        conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(concurrency)]
+
+        async def connection(reader, writer) -> None:
+            while True:
+                item = await due.get()
+                if item is None:
+                    return
+                scheduled, path = item
+                writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+                head = (await reader.readuntil(b"\r\n\r\n")).lower()
+                at = head.index(b"content-length:") + 15
+                await reader.readexactly(int(head[at:head.index(b"\r\n", at)]))
+                latencies.append(time.perf_counter() - scheduled)
+                assert head[9:12] == b"200", head
+
+        tasks = [asyncio.create_task(connection(r, w)) for r, w in conns]
+        t0 = time.perf_counter()
+        sent = 0
+        while sent < total:  # release every request whose time has come, then sleep a little
+            now = time.perf_counter()
+            while sent < total and t0 + sent / rate <= now:
+                due.put_nowait((t0 + sent / rate, paths[sent]))
+                sent += 1
+            await asyncio.sleep(min(0.001, max(0.0, t0 + sent / rate - time.perf_counter())))
+        for _ in tasks:
+            due.put_nowait(None)
+        await asyncio.gather(*tasks)
+        for _, w in conns:
+            w.close()
+        return time.perf_counter() - t0
+
+    try:
+        import uvloop
+        elapsed = uvloop.run(run())
+    except ImportError:
+        elapsed = asyncio.run(run())
+    return sorted(latencies), elapsed
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and its descendants (Linux /proc; 0 elsewhere):
+    what a request costs the server, a figure other work on a shared machine changes far less than latency."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                stats[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime + stime
+    except OSError:
+        return 0.0
+    tree, total = {pid}, 0
+    for _ in range(4):  # supervisor, its workers (and their helpers)
+        tree |= {p for p, (ppid, _) in stats.items() if ppid in tree}
+    for p in tree:
+        total += stats.get(p, (0, 0))[1]
+    return total / tick
+
+
 def _figures(lat: list[float], seconds: float) -> dict:
     pick = lambda q: lat[min(int(q * len(lat)), len(lat) - 1)] * 1000  # noqa: E731
     return {"requests": len(lat), "rps": len(lat) / seconds, "p50_ms": pick(0.50), "p99_ms": pick(0.99),
@@ -177,11 +308,13 @@ def as_of_figures(path: Path, accounts: int) -> dict:
     return {"entries_per_account": entries, "as_of_us": indexed, "sum_us": summed}
 
 
-def bench_api(entries: int, concurrency: int, requests: int, workers: int, threads: int) -> dict:
+def bench_api(entries: int, concurrency: int, requests: int, workers: int, threads: int,
+              open_seconds: float = 10.0, store: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="ledger-api-bench-") as tmp:
-        db = Path(tmp) / "read.db"
+        db = Path(store) if store else Path(tmp) / "read.db"
         accounts = 10_000
-        build_store(db, entries, accounts)
+        if not db.exists():
+            build_store(db, entries, accounts)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -204,22 +337,43 @@ def bench_api(entries: int, concurrency: int, requests: int, workers: int, threa
             load(port, account, 2000, concurrency)  # warm up every process, thread and connection
             load(port, trivial, 2000, concurrency)
             # Ceiling, lookup, ceiling again: the ceiling is the mean of the two around the lookup (drift).
+            cpu0 = tree_cpu_s(server.pid)
             ceiling1 = _figures(*load(port, trivial, requests, concurrency))
+            cpu1 = tree_cpu_s(server.pid)
             figures = _figures(*load(port, account, requests, concurrency))
+            cpu2 = tree_cpu_s(server.pid)
             ceiling2 = _figures(*load(port, trivial, requests, concurrency))
+            cpu3 = tree_cpu_s(server.pid)
+            cpu_us = {"lookup": (cpu2 - cpu1) / figures["requests"] * 1e6,
+                      "trivial": (cpu1 - cpu0 + cpu3 - cpu2) / (ceiling1["requests"] + ceiling2["requests"]) * 1e6}
+            # At saturation the latency is mostly queueing (Little's law: concurrency / throughput). Below it,
+            # at half the lookup's saturated rate, on a schedule: the lookup, then the trivial endpoint.
+            rate = figures["rps"] / 2
+            paced = _figures(*load_at_rate(port, account, rate, open_seconds, concurrency))
+            paced_ceiling = _figures(*load_at_rate(port, trivial, rate, open_seconds, concurrency))
         finally:
             server.terminate()
             server.wait(10)
         as_of = as_of_figures(db, accounts)
     ceiling = (ceiling1["rps"] + ceiling2["rps"]) / 2
     figures.update(ceiling_rps=ceiling, ratio=figures["rps"] / ceiling, ceiling_p99_ms=max(ceiling1["p99_ms"],
-                   ceiling2["p99_ms"]), workers=workers, threads=threads, **as_of)
+                   ceiling2["p99_ms"]), workers=workers, threads=threads, paced_rate=rate,
+                   paced={k: paced[k] for k in ("rps", "p50_ms", "p99_ms", "max_ms")},
+                   paced_ceiling={k: paced_ceiling[k] for k in ("rps", "p50_ms", "p99_ms", "max_ms")},
+                   cpu_us=cpu_us, **as_of)
     print(f"API ceiling  : GET /healthz (same server, no database): {ceiling1['rps']:,.0f} and {ceiling2['rps']:,.0f} "
           f"req/s before and after, p99 {figures['ceiling_p99_ms']:.1f} ms")
     print(f"API lookup   : GET /accounts/{{id}}, {entries} history entries, {concurrency} concurrent clients, "
           f"{workers} server processes x {threads} read threads: {figures['rps']:,.0f} req/s = "
           f"{figures['ratio']:.2f} of the ceiling (goal >= 0.50); p50 {figures['p50_ms']:.1f} ms, "
           f"p99 {figures['p99_ms']:.1f} ms (goal <= 20), max {figures['max_ms']:.1f} ms")
+    print(f"API CPU      : server CPU time per request (all its processes, saturated runs): GET /accounts/{{id}} "
+          f"{cpu_us['lookup']:.0f} us, GET /healthz {cpu_us['trivial']:.0f} us")
+    print(f"API paced    : {rate:,.0f} req/s on a schedule (half the lookup's saturated rate), {open_seconds:.0f} s, "
+          f"{concurrency} connections, latency from the scheduled send: GET /accounts/{{id}} p50 "
+          f"{paced['p50_ms']:.1f} ms, p99 {paced['p99_ms']:.1f} ms (goal <= 20), max {paced['max_ms']:.1f} ms; "
+          f"GET /healthz at the same rate p50 {paced_ceiling['p50_ms']:.1f} ms, p99 {paced_ceiling['p99_ms']:.1f} ms, "
+          f"max {paced_ceiling['max_ms']:.1f} ms")
     print(f"as-of        : balance as of a time, {as_of['entries_per_account']} entries per account, in process: "
           f"{as_of['as_of_us']:.0f} us (two index lookups) vs {as_of['sum_us']:.0f} us summing the rows")
     return figures
@@ -277,6 +431,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--skip-api", action="store_true")
+    parser.add_argument("--skip-replay", action="store_true")
+    parser.add_argument("--api-store", help="the API's store: built there when missing, reused when present "
+                                            "(it must hold --api-history entries over 10,000 accounts)")
+    parser.add_argument("--paced-seconds", type=float, default=10.0,
+                        help="length of each open-loop run at half the saturated rate")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                         help="replay loader processes and API server processes (default: the CPU count)")
     parser.add_argument("--read-threads", type=int, default=8, help="read threads per API process")
@@ -285,9 +444,11 @@ def main() -> None:
                         help="a PostgreSQL server to replay into as well (a fresh schema, dropped afterwards)")
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    bench_replay(args.records, args.pg_url, args.workers)
+    if not args.skip_replay:
+        bench_replay(args.records, args.pg_url, args.workers)
     if not args.skip_api:
-        bench_api(args.api_history, args.concurrency, args.requests, args.workers, args.read_threads)
+        bench_api(args.api_history, args.concurrency, args.requests, args.workers, args.read_threads,
+                  args.paced_seconds, args.api_store)
         bench_hub(args.sse_clients)
     print(f"load average {os.getloadavg()[0]:.1f} at the end (other work on the machine shares these cores)")
 

@@ -69,6 +69,18 @@ INSERT_HISTORY_ROWS = f"INSERT INTO history ({', '.join(HISTORY_COLUMNS)}) VALUE
 INSERT_RESULT_ROWS = f"INSERT INTO results ({', '.join(RESULT_COLUMNS)}) VALUES ({', '.join('?' * len(RESULT_COLUMNS))})"
 
 
+def history_row(v: dict, posted_by_time: int | str, held_by_time: str) -> tuple:
+    """A decoded history record as a row of HISTORY_COLUMNS, with its prefix folds by time."""
+    return _history_row(v) + (str(posted_by_time), held_by_time) + history_detail(v)
+
+
+def result_row(v: dict) -> tuple:
+    """A decoded result record as a row of RESULT_COLUMNS (its hold states as canonical JSON)."""
+    hold_states = v["holds"]
+    return (v["client_id"], v["command_id"], v["outcome"], v["reason"], v["detail"], v["transaction_id"], v["at_ms"],
+            json.dumps(hold_states, sort_keys=True) if hold_states else "[]")
+
+
 @dataclass
 class Loaded:
     """What a loader hands back besides its rows: small, per account or per hold."""
@@ -212,7 +224,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                     if state is None:
                         tail = extend_by_time(None, v)
                         seen[account] = [[[seq, seq]], tail]
-                        history_rows.append(_history_row(v) + (str(tail[2]), v["held_after"]) + history_detail(v))
+                        history_rows.append(history_row(v, tail[2], v["held_after"]))
                         continue
                     ranges = state[0]
                     last = ranges[-1]
@@ -224,22 +236,18 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                         tail = None if account in refold else extend_by_time(state[1], v)
                         if tail is not None:
                             state[1] = tail
-                            history_rows.append(_history_row(v) + (str(tail[2]), v["held_after"]) +
-                                                history_detail(v))
+                            history_rows.append(history_row(v, tail[2], v["held_after"]))
                             continue
                     elif _contains(ranges, seq):
                         continue  # a re-emitted entry: the store keeps the first
                     else:
                         _add(ranges, seq)
                     refold.add(account)  # out of order: its folds by time are recomputed at the end
-                    history_rows.append(_history_row(v) + ("0", "0") + history_detail(v))
+                    history_rows.append(history_row(v, "0", "0"))
                 elif topic == "results":
                     if v["duplicate"]:
                         continue  # answers an original decision that is earlier in the log
-                    at_ms = v["at_ms"]
-                    hold_states = v["holds"]
-                    row = (v["client_id"], v["command_id"], v["outcome"], v["reason"], v["detail"],
-                           v["transaction_id"], at_ms, json.dumps(hold_states, sort_keys=True) if hold_states else "[]")
+                    row = result_row(v)
                     # A 64-bit hash of the key: a collision only sends a row down the exact (slower) path.
                     h = hash((row[0], row[1]))
                     if h in result_keys:
@@ -247,9 +255,9 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                     else:
                         result_keys.add(h)
                         result_rows.append(row)
-                    for hs in hold_states:
+                    for hs in v["holds"]:
                         hold_id = hs["hold_id"]
-                        holds[hold_id] = newer_hold(holds.get(hold_id), {**hs, "updated_at_ms": at_ms})
+                        holds[hold_id] = newer_hold(holds.get(hold_id), {**hs, "updated_at_ms": v["at_ms"]})
                 else:
                     old = balances.get(v["account_id"])
                     if old is None or v["seq"] > old["seq"]:
