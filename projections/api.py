@@ -21,6 +21,7 @@ lifespan (the hub, and the projector and the drift check when asked), and serves
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -47,6 +48,10 @@ from projections.worker_metrics import WorkerMetrics, endpoints
 from streams.config import Settings
 
 log = logging.getLogger("ledger.api")
+# FastAPI's native OpenTelemetry (newer versions) asks for its providers in the environment on every request,
+# a sizeable share of a lookup's CPU; the read API exports no traces, so it is switched off where it exists.
+NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+                if "telemetry" in inspect.signature(FastAPI).parameters else {})
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
@@ -132,7 +137,7 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
     registry = CollectorRegistry()
     registry.register(ReadSideCollector(stats))
 
-    app = FastAPI(title="Ledger read API", version="1",
+    app = FastAPI(title="Ledger read API", version="1", **NO_TELEMETRY,
                   lifespan=_lifespan(target, settings, projector, readers, hub, drift, drift_every_s),
                   description="Balances, history, holds, transactions and command results from the read store. "
                               "Read-only. " + (__doc__ or "").split("stable codes:")[-1])
