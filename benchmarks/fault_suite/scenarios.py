@@ -190,14 +190,15 @@ def clock_skew(ctx: Context, skew_s: float = 600.0, seconds: float = 20.0) -> Fa
     far.flush()
     for t in threads:
         t.join()
-    # Holds left to expire 30-57 s on by a right clock, placed after the skewed load (whose records, stamped
-    # 10 min ahead, would expire them at once): most fall due after the load has stopped, when only a worker's
-    # tick (streams/ticks.py) expires them, while the oracles wait for a quiet point and read.
+    # Holds left to expire 21-35 s on by a right clock, placed after the skewed load (whose records, stamped
+    # 10 min ahead, would expire them at once): they fall due after the 20 s of load that follow the fault,
+    # when only a worker's tick (streams/ticks.py) expires them, while the oracles wait for a quiet point and
+    # read.
     on_time = SkewedClient(ctx.settings, "skew-none")
     ctx.clients.append(on_time)
     for i in range(10):
-        expires = int(time.time() * 1000) + 30_000 + 3_000 * i
-        command_id = on_time.place_hold(f"skew-due-{i}", f"user:{(7 * i) % ctx.users}:USD", 100,
+        expires = int(time.time() * 1000) + 21_000 + 1_500 * i
+        command_id = on_time.place_hold(f"skew-due-{i}", f"user:{(7 * i) % ctx.users}:USD", 1,
                                         expires_at_ms=expires)
         ctx.sent_at[(on_time.client_id, command_id)] = time.monotonic()
     on_time.flush()
@@ -210,7 +211,7 @@ def clock_skew(ctx: Context, skew_s: float = 600.0, seconds: float = 20.0) -> Fa
         ctx.sent_at.update({(far.client_id, f"far-{i}"): time.monotonic() for i in range(5)})
         ctx.notes.append("records stamped 2 h ahead were accepted by the broker")
     return f"producer clocks +{skew_s / 60:.0f} min and -{skew_s / 60:.0f} min on shared accounts, 20 holds " \
-           f"expiring by the fast clock, 10 by the wall clock 30-57 s on, 5 records +2 h", start, end
+           f"expiring by the fast clock, 10 by the wall clock 21-35 s on, 5 records +2 h", start, end
 
 
 def worker_kills(ctx: Context) -> Fault:
