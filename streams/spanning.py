@@ -39,7 +39,7 @@ import json
 from streams import core, limits, names, placement, routing
 from streams.inflight import InFlight, Reservation, coordinator_key, reservation_key
 from streams.names import INTERNAL_HOLD_MARK
-from streams.core import HoldStatus, Leg, Rejection, fx, settlement
+from streams.core import HoldStatus, Leg, Rejection, fx, returns, settlement
 from streams.routing import ENGINE_CLIENT
 from streams.wire import command_from_wire, command_record, command_to_wire, rejection_to_wire
 
@@ -175,6 +175,10 @@ class Spanning:
                                records=[(coordinator_key(key), pending.with_retry().to_json())])
             return
         shape = core.transaction_shape_failures(tx)  # as the core's first stage: before any state is read
+        returning = returns.judge_spanning(tx.metadata)
+        if not shape and returning is not None:
+            proc.reject_command(tx, *returning)
+            return
         refusals = shape or self._whole(tx)
         invalid = shape or [f for f in refusals if f[0] is Rejection.INVALID_COMMAND]
         if invalid:

@@ -36,6 +36,17 @@ def returned_payment(metadata: Iterable[tuple[str, str]]) -> str | None:
     return None
 
 
+def judge_spanning(metadata: Iterable[tuple[str, str]]) -> tuple[Rejection, str] | None:
+    """A return whose payee and payer live in different partitions is refused: the payment it names is
+    remembered there in shares, one per partition (streams/spanning.py), so no partition holds the payment's
+    two legs the rules below judge, nor counts what was returned of it. None for an ordinary transaction."""
+    paid = returned_payment(metadata)
+    if paid is None:
+        return None
+    return (Rejection.NOT_RETURNABLE, f"a return of {paid}, whose payee and payer live in different partitions, "
+                                      f"is not decided across partitions: post a compensating transaction instead")
+
+
 def payment_legs(original: PostedTransaction) -> tuple[Leg, Leg] | None:
     """(payer's debit, payee's credit) of a two-leg payment between two accounts, else None."""
     if len(original.legs) != 2 or original.returns is not None:
