@@ -35,6 +35,7 @@ from streams.core.fx import fx_account  # the FX desk: the core checks a convers
 from streams.core.settlement import CAPTURE_KEY, EXACT, EXTERNAL, PARTIAL, SETTLEMENT_KEY
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, Currency, CurrencyRegistry, parse_amount
 from streams.core.rejections import Rejection
+from streams.core.returns import RETURNS_KEY
 from streams.wire import command_record
 
 Amount = int | str  # int: minor units; str: an exact decimal in major units ("0.5" BTC)
@@ -291,8 +292,25 @@ class ReversalRequested:
     attempt: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class DepositReturned:
+    """The bank returns a deposit (kind "return": an ACH return) or the card network charges it back (kind
+    "chargeback"), in part or in whole, perhaps after the user spent it: what the user's available cannot
+    cover is booked on the user's receivable (streams/core/returns.py). `transaction_id` names the deposit's
+    transaction, e.g. "deposit_confirmed:chain-tx-9"; at most what remains unreturned of it goes back."""
+
+    return_id: str
+    transaction_id: str
+    user: str
+    currency: str
+    amount: Amount
+    kind: Literal["return", "chargeback"] = "return"
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
 Event = (DepositConfirmed | WithdrawalRequested | WithdrawalCompleted | WithdrawalFailed | OrderPlaced
-         | OrderClosed | TradeExecuted | FxConverted | InternalTransfer | ReversalRequested)
+         | OrderClosed | TradeExecuted | FxConverted | InternalTransfer | ReversalRequested | DepositReturned)
 
 
 # --- account names ----------------------------------------------------------------------------------------
@@ -475,9 +493,9 @@ def _leg(account: str, amount: int, currency: str, hold_id: str | None = None) -
 
 def _transaction(ctx: Context, command_id: str, legs: list[dict[str, Any]], *, kind: str, reference: str,
                  metadata: dict[str, str], occurred_at_ms: int | None = None,
-                 rate_snapshot_id: str | None = None) -> Routed:
+                 rate_snapshot_id: str | None = None, links: tuple[str, ...] = ()) -> Routed:
     legs = [leg for leg in legs if leg["amount"] != "0"]  # a fee of 0 is no leg (zero legs are invalid)
-    body = {"transaction_id": command_id, "legs": legs, "kind": kind, "reference": reference, "links": [],
+    body = {"transaction_id": command_id, "legs": legs, "kind": kind, "reference": reference, "links": list(links),
             "metadata": dict(sorted(metadata.items())), "occurred_at_ms": occurred_at_ms,
             "rate_snapshot_id": rate_snapshot_id}
     debits = [leg["account_id"] for leg in legs if leg["amount"].startswith("-")]
@@ -768,6 +786,26 @@ def _reversal(e: ReversalRequested, ctx: Context, spec: RuleSpec) -> tuple[Route
     body = {"transaction_id": cid, "reverses": original, "account_id": user_account(user, cur.code),
             "reference": rid, "occurred_at_ms": _time(e.occurred_at_ms, "occurred_at_ms")}
     return (Routed(body["account_id"], command_record(ctx.client_id, cid, "ReverseTransaction", body)),)
+
+
+@rule("deposit_returned", 1, DepositReturned)
+def _deposit_returned(e: DepositReturned, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """The deposit's money back from the user to custody, as a return of the deposit's transaction (the
+    ledger.returns key): the ledger refuses more than remains unreturned, another client's deposit, and
+    anything but a two-leg payment (exceeds_unreturned, client_mismatch, not_returnable)."""
+    rid = _business_id(e.return_id, "return_id")
+    deposit = _business_id(e.transaction_id, "transaction_id")
+    user = _user(e.user, "user")
+    cur = _currency(e.currency, ctx, "currency")
+    amount = to_minor(e.amount, cur, "amount")
+    if e.kind not in ("return", "chargeback"):
+        raise InvalidEvent("kind", f"must be return or chargeback, got {e.kind!r}")
+    cid = _command_id(spec.name, rid, _attempt(e.attempt))
+    return (_transaction(ctx, cid, [_leg(user_account(user, cur.code), -amount, cur.code),
+                                    _leg(custody_account(cur.code), amount, cur.code)],
+                         kind=e.kind, reference=rid, occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms"),
+                         metadata={**spec.meta(e.attempt, return_id=rid), RETURNS_KEY: deposit},
+                         links=(deposit,)),)
 
 
 RULE_VERSIONS: dict[str, int] = {spec.name: spec.version for spec in RULES.values()}

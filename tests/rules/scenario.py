@@ -21,6 +21,7 @@ from connectors import rules
 from connectors.rules import (
     Context,
     DepositConfirmed,
+    DepositReturned,
     FxConverted,
     InternalTransfer,
     OrderClosed,
@@ -169,6 +170,10 @@ class Scenario:
     def reversal(self, reversal_id, transaction_id, user, currency, expect="accepted", duplicate=None,
                  **kw) -> "Scenario":
         return self.send(ReversalRequested(reversal_id, transaction_id, user, currency, **kw), expect, duplicate)
+
+    def deposit_returned(self, return_id, transaction_id, user, currency, amount, expect="accepted", duplicate=None,
+                         **kw) -> "Scenario":
+        return self.send(DepositReturned(return_id, transaction_id, user, currency, amount, **kw), expect, duplicate)
 
     def at(self, ms: int) -> "Scenario":
         """Move log time on: the next records are written at ms (+1 each). Holds due by then expire when their

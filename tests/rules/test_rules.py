@@ -192,5 +192,5 @@ def test_rules_are_pure():
     imported = {alias.name for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     allowed = {"__future__", "dataclasses", "re", "typing", "streams", "streams.core.money",
-               "streams.core.rejections", "streams.core.settlement", "streams.core.fx", "streams.wire"}
+               "streams.core.rejections", "streams.core.settlement", "streams.core.fx", "streams.core.returns", "streams.wire"}
     assert imported <= allowed, imported - allowed

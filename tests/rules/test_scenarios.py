@@ -207,3 +207,28 @@ def test_a_reversal_by_another_client_of_a_spent_deposit_and_across_partitions()
     (s.transfer("t2", "bob", "alice", "USDT", "200")
      .reversal("r4", "deposit_confirmed:d1", "alice", "USDT")                # whole again: reversible
      .assert_balances({"alice:USDT": "0", "bob:USDT": "0", "sys:custody:USDT": "0"}))
+
+
+def test_a_deposit_returned_in_part_then_charged_back_after_it_was_spent():
+    """The bank returns 100 of a 500 deposit; the user withdraws 350; the card network charges back the
+    remaining 400: the 50 left is taken, 350 is booked on the user's receivable (what the user owes). Nothing
+    more than what remains unreturned goes back, and a redelivered event changes nothing."""
+    s = (Scenario().users("alice")
+         .deposit("d1", "alice", "USDT", "500")
+         .deposit_returned("r1", "deposit_confirmed:d1", "alice", "USDT", "100")
+         .assert_balances({"alice:USDT": "400", "sys:custody:USDT": "-400"})
+         .deposit_returned("r1", "deposit_confirmed:d1", "alice", "USDT", "100", duplicate=True)
+         .withdrawal_requested("w1", "alice", "USDT", "350")
+         .withdrawal_completed("w1", "alice", "USDT", "350")
+         .deposit_returned("cb1", "deposit_confirmed:d1", "alice", "USDT", "400", kind="chargeback")
+         .assert_balances({"alice:USDT": "0", "user:alice:receivable.USDT": "-350", "sys:custody:USDT": "350"})
+         .deposit_returned("cb2", "deposit_confirmed:d1", "alice", "USDT", "1", kind="chargeback",
+                           expect="exceeds_unreturned")
+         .deposit_returned("r2", "deposit_confirmed:nope", "alice", "USDT", "1", expect="unknown_transaction"))
+    legs = s.history("deposit_returned:cb1")
+    assert sorted((h["account_id"].split("@")[0], h["amount"], h["kind"], tuple(h["links"])) for h in legs) == [
+        ("sys:custody:USDT", "400000000", "chargeback", ("deposit_confirmed:d1",)),
+        ("user:alice:USDT", "-50000000", "chargeback", ("deposit_confirmed:d1",)),
+        ("user:alice:receivable.USDT", "-350000000", "chargeback", ("deposit_confirmed:d1",))]
+    metadata = s.last_plan.commands[0].record["body"][1]["metadata"]
+    assert (metadata["rule"], metadata["ledger.returns"]) == ("deposit_returned", "deposit_confirmed:nope")
