@@ -39,6 +39,7 @@ from schemas.codec import codec
 from streams import routing
 from streams.core.commands import PostTransaction
 from streams.core.model import Leg
+from tests.core.budget import examples
 from tests.helpers.bus import START_MS, Bus, assert_books_balance
 from tests.helpers.records import N, command, place_hold, tx
 
@@ -208,7 +209,7 @@ def healthy(currency: str) -> Side:
 AMOUNTS = st.sampled_from([1, 30, 60, 100, 150, 199, 200, 250, 400])
 
 
-@settings(max_examples=int(os.environ.get("DIFFERENTIAL_EXAMPLES", "60")), deadline=None,
+@settings(max_examples=examples(int(os.environ.get("DIFFERENTIAL_EXAMPLES", "60"))), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(payer=sides(payer=True), payee=sides(payer=False), amount=AMOUNTS, seed=st.integers(0, 2**16))
 @example(payer=Side(True, "USD", False, 0, None, 100, (), "open"),
