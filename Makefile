@@ -80,7 +80,8 @@ bench-restore: install
 bench-memory: $(STAMP)
 	$(BIN)/python benchmarks/memory_bench.py $(BENCH_MEMORY_ARGS)
 
-# A real worker's RSS over a million commands of the load generator's mix (about 15 minutes).
+# A real worker's RSS over a million commands of the load generator's mix (default 1,500 commands/s: 11 minutes
+# if the worker keeps up; pick a rate it keeps up with, SOAK_MEMORY_ARGS="--rate 300", see docs/engine.md Memory).
 soak-memory: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/memory_bench.py --worker $(SOAK_MEMORY_ARGS)
 
