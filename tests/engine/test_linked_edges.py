@@ -14,6 +14,8 @@ import copy
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from schemas.codec import codec
 from streams import placement, routing
@@ -22,8 +24,9 @@ from streams.partition import PartitionProcessor
 from streams.store import MemoryStore
 from tests.helpers.authn import CLIENTS, funded, results, send as signed_send, wallet_tx
 from tests.helpers.bus import Bus
+from tests.core.budget import examples
 from tests.helpers.interleavings import (
-    CHAOS, CURRENCIES, FUNDS, TRADERS, Producer, checked_bus, fill, send, step, until_reserved,
+    checked_bus, fill, operation_lists, run_interleaved, send, step, until_reserved,
 )
 from tests.helpers.records import N, T0, batch, command, linked, local_users, open_account, transfer, tx
 from tests.helpers.trade import BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, setup_trade
@@ -182,84 +185,15 @@ def test_the_same_log_with_linked_batches_gives_byte_identical_outputs_and_chang
     assert runs[0] == runs[1]
 
 
-def run_linked_interleaved(seed: int) -> None:
-    """The interleavings property (tests/helpers/interleavings.py) with linked batches: commands sent together
-    to one partition go as one linked batch (60%), a plain batch (20%) or one by one, while the bus delivers
-    in a random order with crashes; every promise is checked after every step and once quiet. Commands are
-    not placed (LedgerClient.linked() never places; a placed copy in a linked batch is the defect above)."""
-    rng = random.Random(seed)
-    bus, oracles = checked_bus(batch_follow_ups=seed % 2 == 0, changelog_cuts=("between_records", "anywhere",
-                                                                               "transaction")[seed % 3])
-    for trader in TRADERS:
-        for currency in CURRENCIES:
-            send(bus, oracles, open_account(f"{trader}:{currency}", currency), f"{trader}:{currency}")
-    bus.run()
-    for trader in TRADERS:
-        for currency in CURRENCIES:
-            account = f"{trader}:{currency}"
-            send(bus, oracles, tx(f"dep:{account}", [(f"sys:world:{currency}", -FUNDS[currency], None, None),
-                                                     (account, FUNDS[currency], None, None)], kind="deposit"), account)
-    bus.run()
-    producer = Producer()
-    for trader in TRADERS:
-        for side, currency, amount in (("bid", "USDT", 300), ("ask", "BTC", 40)):
-            expires = None if rng.random() < 0.5 else bus.clock + rng.randint(5, 80)
-            producer.holds.append((f"{side}:{trader}", f"{trader}:{currency}"))
-            send(bus, oracles, command(f"hold:{side}:{trader}", "PlaceHold", {
-                "hold_id": f"{side}:{trader}", "account_id": f"{trader}:{currency}", "amount": str(amount),
-                "expires_at_ms": expires}), f"{trader}:{currency}")
-    bus.run()
-    window: list[tuple[bytes, str]] = []
-
-    def flush() -> None:
-        by_partition: dict[int, list[tuple[bytes, str]]] = {}
-        for value, account in window:
-            by_partition.setdefault(routing.partition_of_account(account, N), []).append((value, account))
-        for partition, items in by_partition.items():
-            for value, _ in items:
-                oracles.sent_command(value)
-            pick = rng.random()
-            if len(items) > 1 and pick < 0.6:
-                bus.send_to(partition, linked(*[value for value, _ in items]))
-            elif len(items) > 1 and pick < 0.8:
-                bus.send_to(partition, batch(*[value for value, _ in items]))
-            else:
-                for value, account in items:
-                    bus.send_to(partition, value, key=routing.routing_key_for(account).encode())
-        window.clear()
-
-    for _ in range(rng.randint(15, 40)):
-        who = lambda: rng.randrange(len(TRADERS))  # noqa: E731
-        op = rng.choice([
-            ("hold", who(), rng.choice(CURRENCIES), rng.randint(50, 400), rng.choice([None, rng.randint(1, 40)])),
-            ("trade", who(), rng.randint(1, len(TRADERS) - 1), rng.randint(0, 99), rng.randint(0, 99),
-             rng.randint(1, 250), rng.randint(1, 30)),
-            ("capture", rng.randint(0, 99), rng.randint(1, 300), who()),
-            ("release", rng.randint(0, 99)),
-            ("transfer", who(), who(), rng.choice(CURRENCIES), rng.randint(1, 400)),
-            ("freeze", who(), rng.choice(CURRENCIES), rng.random() < 0.5),
-            ("retry", rng.randint(0, 99)),
-        ])
-        made = producer.command(op, bus.clock)
-        if made is None:
-            continue
-        producer.sent.append(made)
-        window.append(made)
-        deliveries = rng.choice((0, 0, 1, 2, 3))
-        if deliveries:
-            flush()
-        for _ in range(deliveries):
-            if not bus.tick(rng, **CHAOS):
-                break
-            oracles.check_step()
-    flush()
-    bus.run_random(rng, oracles.check_step, **CHAOS)
-    oracles.check_quiet()
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_linked_batches_keep_every_promise_through_crashes_and_redeliveries(seed):
-    run_linked_interleaved(seed)
+# Linked batches amid the interleavings property's traffic (tests/helpers/interleavings.py): commands sent
+# together to one partition go as one linked batch, a plain batch or one by one, while the bus delivers in a
+# random order with crashes; every promise is checked after every step and once quiet.
+@settings(max_examples=examples(24), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations=operation_lists, seed=st.integers(0, 2**32 - 1), follow_up_batches=st.booleans(),
+       changelog_cuts=st.sampled_from(("between_records", "anywhere", "transaction")))
+def test_linked_batches_keep_every_promise_through_crashes_and_redeliveries(operations, seed, follow_up_batches,
+                                                                            changelog_cuts):
+    run_interleaved(operations, seed, follow_up_batches, changelog_cuts, linking=True)
 
 
 def test_credits_of_one_batch_count_together_against_what_transactions_in_flight_reserved():

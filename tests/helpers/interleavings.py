@@ -15,7 +15,7 @@ from schemas.codec import codec
 from streams import placement, routing
 from tests.helpers.bus import Bus
 from tests.helpers.oracles import Oracles
-from tests.helpers.records import N, batch, command, open_account, tx
+from tests.helpers.records import N, batch, command, linked, open_account, tx
 from tests.helpers.trade import BUYER_BTC, BUYER_USDT, SELLER_BTC, SELLER_USDT
 
 C = codec()
@@ -153,10 +153,13 @@ class Producer:
 
 
 def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
-                    changelog_cuts: str = "between_records") -> Bus:
+                    changelog_cuts: str = "between_records", linking: bool = False) -> Bus:
     """Setup (quiet), then the operations sent without waiting: between sends the bus delivers 0-3 random
     batches; commands sent together go to a partition as one CommandBatch half the time. Every step is
-    checked; once everything is sent the bus runs until quiet and the quiet checks run."""
+    checked; once everything is sent the bus runs until quiet and the quiet checks run. linking: commands sent
+    together go as one linked batch (60%), a plain one (20%) or one by one, never placed (as
+    LedgerClient.linked() sends them); the random draws are the same as without it otherwise, so the
+    explicit examples found by search keep their schedules."""
     rng = random.Random(seed)
     bus, oracles = checked_bus(batch_follow_ups=follow_up_batches, changelog_cuts=changelog_cuts)
     for t in TRADERS:
@@ -187,7 +190,7 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
 
     # Half the runs send as LedgerClient does: a transaction with debits in several partitions also goes, as
     # a copy, to each other partition it debits (placement.placements).
-    placing = rng.random() < 0.5
+    placing = rng.random() < 0.5 and not linking
 
     def flush() -> None:
         by_partition: dict[int, list[tuple[bytes, str]]] = {}
@@ -201,7 +204,10 @@ def run_interleaved(operations: list[tuple], seed: int, follow_up_batches: bool,
         for partition, items in by_partition.items():
             for value, _ in items:
                 oracles.sent_command(value)
-            if len(items) > 1 and rng.random() < 0.5:
+            pick = rng.random() if len(items) > 1 else 1.0
+            if linking and pick < 0.6:
+                bus.send_to(partition, linked(*[v for v, _ in items]))
+            elif pick < (0.8 if linking else 0.5):
                 bus.send_to(partition, batch(*[v for v, _ in items]))
             else:
                 for value, account in items:
