@@ -374,6 +374,14 @@ class Spanning:
                 failure = self._lockable(leg, locks, at_ms, terms, taken)
                 if failure is not None:
                     failures.append(failure)
+        for account_id in [a for a in plain if a in credits]:
+            # One partition judges an account's legs together, by the change they make to it: its share here
+            # does too, so an account debited and credited by the transaction reserves only what it loses.
+            net = plain.pop(account_id) - credits.pop(account_id)
+            if net > 0:
+                plain[account_id] = net
+            elif net < 0:
+                credits[account_id] = -net
         tag = "~copy" if copy else ""
         holds = {account_id: core.PlaceHold(command_id=names.step_id(key + tag, "hold", account_id),
                                             client_id=ENGINE_CLIENT,
@@ -827,6 +835,10 @@ class Spanning:
         legs += [Leg(proc.local(leg.account_id), leg.amount) for leg in system]
         clearing = [Leg(routing.shard_of(names.clearing(c), proc.partition), -n) for c, n in totals.items() if n]
         commit_id = names.step_id(key, names.COMMIT, proc.partition)
+        if not legs and not system:  # its legs here net to nothing (_reserve_share): nothing moves here
+            proc.commit_change(ENGINE_CLIENT, commit_id, "", offset, _accepted(commit_id, reservation.at_ms),
+                               records=records)
+            return
         proc.open_shards([names.clearing(c) for c in totals] + [leg.account_id for leg in system], original,
                           offset)
         # Judged at the reservation's time: what was reserved then is posted now, whatever the clock says.

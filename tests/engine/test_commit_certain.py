@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streams.core.money import MAX_ABS_AMOUNT
-from tests.helpers.bus import Bus
+from tests.helpers.bus import Bus, assert_books_balance
 from tests.helpers.records import command, local_users, open_account, tx
 
 A = local_users(1, 0)[0]  # partition 0
@@ -136,14 +136,28 @@ def test_a_credit_leg_naming_a_hold_is_refused_as_in_one_partition():
     assert local == spanning, (local, spanning)
 
 
-@pytest.mark.xfail(strict=True, reason="a participant reserves an account's plain debits and checks its credits "
-                                       "apart: one partition nets them first (A -100, A +50 with 60 available "
-                                       "is accepted there, insufficient_funds across partitions)")
-def test_the_same_account_debited_and_credited_nets_in_one_partition_only():
-    # A has 60: one partition nets A's legs (-100 + 50 = -50); two phases hold the whole 100 first
+def test_the_same_account_debited_and_credited_nets_as_in_one_partition():
+    # A has 60: one partition judges A's legs by their net change (-100 + 50 = -50); so does A's share of a
+    # transaction across partitions (it used to hold the whole 100 first: insufficient_funds)
     local, spanning = _decide_both([(A, -100, None, None), (A, 50, None, None), (A2, 50, None, None)],
                                    [(A, -100, None, None), (A, 50, None, None), (B, 50, None, None)], _setup)
-    assert local == spanning, (local, spanning)
+    assert local == spanning == ("accepted", None), (local, spanning)
+
+
+def test_a_share_whose_legs_net_to_nothing_posts_nothing_and_the_rest_commits():
+    """B is debited and credited 100 (its partition's whole share nets to zero) while A pays 5 in fees: the
+    transaction is accepted, B's partition has nothing to post, and nothing is left reserved or in clearing."""
+    bus = Bus()
+    _open(bus, A); _open(bus, B); bus.run()
+    _fund(bus, A, 60, "d1"); _fund(bus, B, 10, "d2"); bus.run()
+    bus.send(tx("x", [(A, -5, None, None), (B, -100, None, None), (B, 100, None, None),
+                      ("sys:fees:USD", 5, None, None)]), A)
+    bus.run()
+    bad, left, clearing = _stuck(bus)
+    assert not bad and not left and clearing == (0, 0)
+    assert bus.result("x")["outcome"] == "accepted"
+    assert (bus.account(A), bus.account(B), bus.account("sys:fees:USD")) == ((55, 0), (10, 0), (5, 0))
+    assert_books_balance(bus, ("USD",))
 
 
 def test_a_frozen_system_shard_refuses_the_transaction_before_anything_posts():
