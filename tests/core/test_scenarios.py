@@ -193,6 +193,20 @@ transfer e2 whale:ETH->other:ETH 0.000000000000000001         | ok | other:ETH=0
     assert ledger.state.accounts["world:ETH"].posted < -(2**63)
 
 
+def test_a_leg_beyond_128_bits_is_refused_even_where_every_balance_would_stay_in_range() -> None:
+    """The leg itself is out of range (P9), whatever the balances: a +2**127 leg onto an account 10 below zero
+    and a -2**127 leg off one 10 above would leave both balances inside the range."""
+    ledger = run("""
+open a:ETH ETH neg | ok
+open b:ETH ETH neg | ok
+transfer e1 a:ETH->b:ETH 0.00000000000000001 | ok
+""")
+    leg = 2**127
+    beyond = dataclasses.replace(ledger._command(99, "tx e2 b:ETH=-1 a:ETH=1"),
+                                 legs=(Leg("b:ETH", -leg), Leg("a:ETH", leg)))
+    assert execute(ledger.state, beyond)[0].reason is Rejection.AMOUNT_OUT_OF_RANGE
+
+
 def test_back_dated_entry_keeps_its_business_time() -> None:
     ledger = run("""
 open world:USD USD neg | ok

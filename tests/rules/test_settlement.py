@@ -188,3 +188,20 @@ def test_a_late_fill_across_partitions_is_refused_when_the_owners_receivable_was
         s.deliver([rules.Routed("user:bob:BTC", command)])
     s.trade("fill-1", "0.2", "59900", buyer=("alice", "bid-1"), seller=("bob", "ask-1"), expect="account_closed")
     s.assert_balances({"alice:USDT": ("40000", "30000"), "alice:BTC": "0.2", "bob:BTC": "0", "bob:USDT": "0"})
+
+
+def test_a_second_late_settlement_adds_to_the_receivable_the_first_one_opened():
+    """Two withdrawals refunded and the money spent, then both reported paid: the first opens bob's
+    receivable, the second adds to it (the receivable is not opened again, which would reset it)."""
+    (Scenario().users("alice", "bob")
+     .deposit("d1", "bob", "USDT", "1000")
+     .withdrawal_requested("w1", "bob", "USDT", "300")
+     .withdrawal_requested("w2", "bob", "USDT", "200")
+     .withdrawal_failed("w1", "bob", "USDT")
+     .withdrawal_failed("w2", "bob", "USDT")
+     .transfer("t1", "bob", "alice", "USDT", "900")
+     .withdrawal_completed("w1", "bob", "USDT", "300", expect="late_settlement")
+     .assert_balances({"bob:USDT": "0", "bob:receivable.USDT": "-200"})
+     .withdrawal_completed("w2", "bob", "USDT", "200", expect="late_settlement")
+     .assert_balances({"bob:USDT": "0", "bob:receivable.USDT": "-400", "alice:USDT": "900",
+                       "sys:custody:USDT": "-500"}))
