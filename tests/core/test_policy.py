@@ -44,6 +44,11 @@ CASES = [
     # Patterns are globs, case-sensitive: USER:1 is not user:*.
     (open_("USER:1:USD"), None, WALLET, "policy 'wallet' rule open"),
     (post(("user:1:USD", -5), ("user:2:USD", 5)), None, ClientPolicy("none"), "policy 'none' rule debit"),
+    # A reversal moves money of the account it is routed by: it needs the right to debit it.
+    (core.ReverseTransaction(command_id="v", transaction_id="v", reverses="t", account_id="user:1:USD", **C), None,
+     WALLET, None),
+    (core.ReverseTransaction(command_id="v", transaction_id="v", reverses="t", account_id="vip:1:USD", **C), None,
+     WALLET, "policy 'wallet' rule debit allows user:*, sys:world:*; this command would debit vip:1:USD"),
 ]
 
 
