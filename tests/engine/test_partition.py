@@ -252,11 +252,11 @@ def test_a_credit_that_cannot_land_elsewhere_is_refused_as_it_would_be_in_one_pa
     assert answers == [("rejected", reason)] * 2
 
 
-@pytest.mark.parametrize("kind", ["transfer", "hold"])
+@pytest.mark.parametrize("kind", ["transfer", "hold", "open"])
 def test_a_command_sent_to_the_wrong_partition_is_forwarded_unchanged(kind):
     payer = local_users(1, partition=2)[0]
-    value = transfer("pay", (payer, -5), ("sys:world:USD", 5)) if kind == "transfer" else \
-        place_hold("h", payer, 5, None)
+    value = {"transfer": transfer("pay", (payer, -5), ("sys:world:USD", 5)), "hold": place_hold("h", payer, 5, None),
+             "open": open_account(payer, max_balance=500)}[kind]
     proc = PartitionProcessor(0, N, MemoryStore())
     outputs, changelog = run(proc, [value])
     assert changelog == []
@@ -266,6 +266,12 @@ def test_a_command_sent_to_the_wrong_partition_is_forwarded_unchanged(kind):
     assert C.decode("command", forwarded.value) == C.decode("command", value)
     # Delivered where it belongs, it is decided there like any command.
     bus = Bus()
+    if kind == "open":
+        bus.send_to(0, value)
+        bus.run()
+        assert bus.result(f"open:{payer}")["outcome"] == "accepted"
+        assert bus.procs[2].state.account(payer).policy.max_balance == 500  # opened where it lives, as sent
+        return
     bus.send(open_account(payer), payer)
     bus.send(transfer("dep", ("sys:world:USD", -10), (payer, 10)), payer)
     bus.send_to(0, value)
@@ -446,6 +452,17 @@ def test_a_participant_with_two_plain_debits_reserves_both_or_neither():
                 and h["account_id"] == BUYER_USDT and not any(
                     r["hold_id"] == h["hold_id"] and r["kind"] == "hold_released" for r in bus.history)]
     assert_books_balance(bus)
+
+
+def test_every_result_is_counted_by_kind_outcome_and_reason():
+    """The worker's ledger_results_total comes from this tally: a result answered again (a duplicate, a
+    retry answered from the inbox) counts each time it is published."""
+    a, b = local_users(2)
+    proc = PartitionProcessor(0, N, MemoryStore())
+    over = transfer("over", (a, -5), (b, 5))
+    run(proc, [open_account(a), open_account(b), over, over, over])
+    assert proc.tally[("PostTransaction", "rejected", "insufficient_funds")] == 3
+    assert proc.tally[("OpenAccount", "accepted", None)] == 2
 
 
 # --- dead letters, unreadable commands, the stored changelog position -----------------------------------------
