@@ -129,6 +129,9 @@ class PartitionState:
         self._accounts: dict[str, Account | None] = {}
         self._holds: dict[str, Hold | None] = {}
         self._transactions: dict[str, core.PostedTransaction | None] = {}
+        # Decoded engine records (record()): read on every command (the copies' timeouts, the waiting queue,
+        # locks), so decoded once until written. Callers never change what they get: they build new values.
+        self._records: dict[str, Any] = {}
         # (expires_at_ms, hold_id) of open holds with an expiry; stale entries are skipped when popped.
         self.expiries: list[tuple[int, str]] = []
         self._load_expiries()
@@ -200,6 +203,7 @@ class PartitionState:
         self._accounts.clear()  # caches: reloaded from the staged writes and the store
         self._holds.clear()
         self._transactions.clear()
+        self._records.clear()
         self._not_in_inbox = None
         self._load_currencies()
         # The expiry index as committed and staged now (entries the command popped or pushed are restored).
@@ -318,6 +322,7 @@ class PartitionState:
             puts[key] = record
             self._deletes.discard(key)
         for record in change.get("records", ()):
+            self._records.pop(record["key"], None)
             key = b"e/" + record["key"].encode()
             touch(key)
             if record["value"] is None:
@@ -332,9 +337,17 @@ class PartitionState:
         self._not_in_inbox = None
 
     def record(self, key: str) -> Any:
-        """An engine record (multi-partition transaction state, hold locks), or None."""
-        raw = self._get(b"e/" + key.encode())
-        return None if raw is None else json.loads(raw)
+        """An engine record (multi-partition transaction state, hold locks), or None. Shared: not to be
+        changed in place."""
+        try:
+            return self._records[key]
+        except KeyError:
+            raw = self._get(b"e/" + key.encode())
+            value = None if raw is None else json.loads(raw)
+            if len(self._records) > DECODED_CACHE_LIMIT:
+                self._records.clear()
+            self._records[key] = value
+            return value
 
     def staged_accounts(self) -> list[Account]:
         """The latest staged version of every account written since the last commit (undone commands
@@ -370,6 +383,7 @@ class PartitionState:
         self._accounts.clear()
         self._holds.clear()
         self._transactions.clear()
+        self._records.clear()
         self._not_in_inbox = None
         self._load_expiries()
         self._load_currencies()

@@ -86,6 +86,9 @@ def _accepted(command_id: str, at_ms: int, detail: str = "") -> dict[str, Any]:
 class Spanning:
     def __init__(self, proc: "PartitionProcessor"):
         self.proc = proc
+        # (the copies' timeouts record as decoded, its earliest due): the state decodes an engine record once
+        # until it is written, so the same object means the same timeouts.
+        self._earliest: tuple[Any, int] = (None, 0)
 
     @property
     def state(self):
@@ -532,7 +535,11 @@ class Spanning:
         coordinator never got the command: a producer that died between its sends, or one that wrote a copy
         only). True if one was dropped."""
         timeouts = self.state.record(COPY_TIMEOUTS)
-        if not timeouts or min(t for t, _ in timeouts) > now_ms:
+        if not timeouts:
+            return False
+        if self._earliest[0] is not timeouts:  # checked on every command: the earliest due, once per version
+            self._earliest = (timeouts, min(t for t, _ in timeouts))
+        if self._earliest[1] > now_ms:
             return False
         for due, key in sorted(timeouts):
             if due > now_ms:
