@@ -71,3 +71,13 @@ def test_a_linked_batch_across_partitions_is_refused_and_remembered() -> None:
         ledger.state.commit(changes)
     assert all(r.duplicate for r, _ in refuse_all(ledger.state, commands, reason, detail))
     assert ledger.state.accounts["a:USD"].posted == 1000
+
+
+def test_a_command_without_an_id_is_answered_but_not_remembered() -> None:
+    """Nothing can be remembered under an empty id (the engine refuses such a command before it, as the core
+    does alone): its refusal is answered and writes nothing."""
+    import dataclasses
+    ledger = Ledger().run(SETUP)
+    nameless = dataclasses.replace(ledger._command(100, "transfer t1 a:USD->b:USD 1.00 id=z1"), command_id="")
+    (result, changes), = refuse_all(ledger.state, [nameless], Rejection.LINKED_SPANS_PARTITIONS, "elsewhere")
+    assert result.reason is Rejection.LINKED_SPANS_PARTITIONS and changes.is_empty

@@ -11,8 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.core import (
+    AccountType,
+    FreezeAccount,
     HoldStatus,
     Leg,
+    OpenAccount,
     PostTransaction,
     Rejection,
     TransactionPosted,
@@ -22,7 +25,7 @@ from streams.core import (
 from streams.core.fx import judge_conversion
 from streams.core.model import RateSnapshot
 
-from .ledger_dsl import run
+from .ledger_dsl import Ledger, run
 
 EXCHANGE = """
 open world:USDT USDT neg           | ok
@@ -205,6 +208,32 @@ transfer e1 a:ETH->b:ETH 0.00000000000000001 | ok
     beyond = dataclasses.replace(ledger._command(99, "tx e2 b:ETH=-1 a:ETH=1"),
                                  legs=(Leg("b:ETH", -leg), Leg("a:ETH", leg)))
     assert execute(ledger.state, beyond)[0].reason is Rejection.AMOUNT_OUT_OF_RANGE
+    # The largest amount itself is in range: a leg of exactly 2**127-1 is accepted (three legs: the general
+    # rules, not the two-leg fast path).
+    largest = dataclasses.replace(beyond, legs=(Leg("a:ETH", leg - 1), Leg("b:ETH", -(leg - 2)), Leg("b:ETH", -1)))
+    assert execute(ledger.state, largest)[0].accepted
+
+
+def test_a_hold_may_use_the_overdraft_limit_and_no_more() -> None:
+    run("""
+open world:USD USD neg                  | ok
+open od:USD USD overdraft=100.00        | ok
+transfer d1 world:USD->od:USD 20.00     | ok | od:USD=20.00
+hold h1 od:USD 70.00                    | ok | od:USD=20.00/70.00
+hold h2 od:USD 50.00                    | ok | od:USD=20.00/120.00
+hold h3 od:USD 0.01                     | insufficient_funds | od:USD=20.00/120.00
+""")
+
+
+def test_an_account_keeps_its_type_through_a_freeze() -> None:
+    ledger = Ledger()
+    ledger.state.commit(execute(ledger.state, OpenAccount(command_id="o", client_id="c", at_ms=1,
+                                                          account_id="ops:costs:USD", currency="USD",
+                                                          account_type=AccountType.EXPENSE))[1])
+    ledger.state.commit(execute(ledger.state, FreezeAccount(command_id="f", client_id="c", at_ms=2,
+                                                            account_id="ops:costs:USD"))[1])
+    account = ledger.state.accounts["ops:costs:USD"]
+    assert (account.status.value, account.account_type) == ("frozen", AccountType.EXPENSE)
 
 
 def test_back_dated_entry_keeps_its_business_time() -> None:
