@@ -701,3 +701,21 @@ tx r4 v:USD=-6.00 u:USD=6.00 kind=return {R}p1                            | ok  
     assert [type(e).__name__ for e in chargeback] == ["AccountOpened", "TransactionPosted", "TransactionReturned"]
     assert chargeback[1].legs == (Leg("u:USD", -5_500), Leg("u:receivable.USD", -1_500), Leg("world:USD", 7_000))
     assert ledger.state.transactions["p1"].returned == 1_000
+
+
+def test_a_late_settlement_that_also_captures_an_open_hold_books_only_the_shortfall_on_the_receivable() -> None:
+    """h1 was released and the money spent; one settlement captures h1 late and the open h2 in full. What u's
+    available cannot cover after both (50) goes to its receivable; u ends at zero, never below (P2)."""
+    ledger = run("""
+open world:USD USD neg | ok
+open u:USD USD | ok
+transfer d1 world:USD->u:USD 100.00 | ok
+hold h1 u:USD 60.00 | ok
+hold h2 u:USD 30.00 | ok
+release h1 | ok | u:USD=100.00/30.00
+transfer t1 u:USD->world:USD 60.00 | ok | u:USD=40.00/30.00
+tx s1 u:USD@h1=-60.00:USD u:USD@h2=-30.00 world:USD=90.00 meta=ledger.settlement:external | ok | u:USD=0/0 u:receivable.USD=-50.00
+""")
+    (posted,) = [e for e in ledger.results[-1].events if isinstance(e, TransactionPosted)]
+    assert [(leg.account_id, leg.amount, leg.hold_id, leg.currency) for leg in posted.legs if leg.hold_id == "h1"] == [
+        ("u:USD", -1000, "h1", "USD"), ("u:receivable.USD", -5000, "h1", "USD")]
