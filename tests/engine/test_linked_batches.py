@@ -185,3 +185,28 @@ def test_a_command_refused_before_keeps_its_answer_in_a_linked_batch():
     assert answers(results) == {"open:sys:custody:USD": ("rejected", "invalid_command", True),
                                 "l1": ("rejected", "linked_failed", False)}
     assert balances(proc)[A] == (1_000, 0)
+
+
+def test_a_linked_batch_that_fails_part_way_is_undone_and_every_command_refused(monkeypatch):
+    """The guard every record has (PartitionProcessor.guarded): a failure inside the linked decision (here one
+    made on purpose in the core's call) undoes all the batch staged, shard openings included, and refuses
+    each readable command invalid_command, remembered nowhere (a retry is decided afresh)."""
+    from streams import linking
+
+    proc, _ = ledger()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("made to fail")
+
+    monkeypatch.setattr(linking.linked, "execute_linked", broken)
+    results, changelog, outputs = feed(proc, [linked(transfer("g1", (A, -10), ("sys:fees:USD", 10)),
+                                                     transfer("g2", (A, -1), (B, 1)))])
+    assert [(r["command_id"], r["reason"]) for r in results] == [("g1", "invalid_command"),
+                                                                 ("g2", "invalid_command")]
+    assert all("unprocessable: RuntimeError: made to fail" in r["detail"] for r in results)
+    assert changelog == [] and not any(o.topic == "history" for o in outputs)
+    assert proc.state.account("sys:fees:USD@0") is None and balances(proc)[A] == (1_000, 0)
+    monkeypatch.undo()
+    again, _, _ = feed(proc, [linked(transfer("g1", (A, -10), ("sys:fees:USD", 10)), transfer("g2", (A, -1), (B, 1)))])
+    assert [(r["command_id"], r["outcome"], r["duplicate"]) for r in again if not r["command_id"].startswith("open:")] \
+        == [("g1", "accepted", False), ("g2", "accepted", False)]

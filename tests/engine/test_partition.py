@@ -628,3 +628,25 @@ def test_a_conversion_across_partitions_is_judged_against_its_rate_as_in_one_par
         assert bus.account(payee) == ((paid, 0) if moved else (0, 0))
         assert bus.account("sys:clearing:USD") == (0, 0) and bus.account("sys:clearing:EUR") == (0, 0)
     assert answers == [answer, answer]
+
+
+def test_what_a_transaction_returns_is_read_back_from_the_store():
+    """A return's record says which payment it returns; a worker that reads it from its store (not from the
+    decision it just made) still refuses to reverse it (not_reversible)."""
+    from streams.core.returns import RETURNS_KEY
+    a = local_users(1)[0]
+    store = MemoryStore()
+    first = PartitionProcessor(0, N, store)
+    run(first, [open_account(a), transfer("dep", ("sys:world:USD", -100), (a, 100)),
+                command("ret", "PostTransaction", {
+                    "transaction_id": "ret", "kind": "return", "reference": None, "links": ["dep"],
+                    "metadata": {RETURNS_KEY: "dep"}, "occurred_at_ms": None, "rate_snapshot_id": None,
+                    "legs": [{"account_id": a, "amount": "-40", "hold_id": None, "currency": None},
+                             {"account_id": "sys:world:USD", "amount": "40", "hold_id": None, "currency": None}]})])
+    first.state.commit(3)
+    later = PartitionProcessor(0, N, store)  # decodes every record from the store
+    outputs, _ = run(later, [command("rev", "ReverseTransaction", {
+        "transaction_id": "rev", "reverses": "ret", "account_id": a, "reference": None, "occurred_at_ms": None})],
+        start_ms=1_700_000_001_000)
+    (result,) = [C.decode("result", o.value) for o in outputs if o.topic == "results"]
+    assert (result["outcome"], result["reason"]) == ("rejected", "not_reversible")

@@ -179,3 +179,20 @@ def test_a_return_whose_payee_and_payer_live_in_different_partitions_is_refused_
         ("rejected", "not_returnable")] * 2
     assert (bus.account(x), bus.account(y)) == ((900, 0), (100, 0))
     assert_books_balance(bus, ("USD",))
+
+
+def test_a_command_id_with_slashes_goes_through_both_phases():
+    """The transaction's key is client_id/command_id; a command id may hold '/' itself (ids are free text).
+    A payment across partitions with a fee, under such an id, posts everywhere and leaves nothing reserved."""
+    from tests.helpers.records import local_users, open_account
+    x, y = local_users(1, partition=0)[0], local_users(1, partition=1)[0]
+    bus = Bus()
+    for account in (x, y):
+        bus.send(open_account(account), account)
+    bus.send(tx("dep", [("sys:world:USD", -1_000, None, None), (x, 1_000, None, None)], kind="deposit"), x)
+    bus.send(tx("orders/7/pay", [(x, -105, None, None), (y, 100, None, None), ("sys:fees:USD", 5, None, None)]), x)
+    bus.run()
+    assert bus.result("orders/7/pay")["outcome"] == "accepted"
+    assert (bus.account(x), bus.account(y), bus.account("sys:fees:USD")) == ((895, 0), (100, 0), (5, 0))
+    assert not [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/r/")], "a reservation is left"
+    assert_books_balance(bus, ("USD",))
