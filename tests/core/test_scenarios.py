@@ -719,3 +719,16 @@ tx s1 u:USD@h1=-60.00:USD u:USD@h2=-30.00 world:USD=90.00 meta=ledger.settlement
     (posted,) = [e for e in ledger.results[-1].events if isinstance(e, TransactionPosted)]
     assert [(leg.account_id, leg.amount, leg.hold_id, leg.currency) for leg in posted.legs if leg.hold_id == "h1"] == [
         ("u:USD", -1000, "h1", "USD"), ("u:receivable.USD", -5000, "h1", "USD")]
+
+
+def test_only_a_debit_leg_may_name_a_hold_even_the_smallest_credit() -> None:
+    """A credit of one minor unit naming a hold is refused like any credit that names one (invalid_command)."""
+    run("""
+open world:USD USD neg                      | ok
+open u:USD USD                              | ok
+open v:USD USD                              | ok
+transfer d1 world:USD->u:USD 10.00          | ok
+hold h1 u:USD 5.00                          | ok
+tx t1 u:USD=-0.01 v:USD@h1=0.01             | invalid_command | u:USD=10.00/5.00 v:USD=0
+tx t2 u:USD=-0.02 v:USD@h1=0.01 v:USD=0.01  | invalid_command | u:USD=10.00/5.00 v:USD=0
+""")
