@@ -133,12 +133,18 @@ def test_a_linked_retry_of_an_accepted_command_keeps_its_answer_after_the_policy
     assert results(bus, "pay") == [("accepted", None, False), ("accepted", None, True), ("accepted", None, True)]
 
 
-def test_a_linked_retry_of_a_transaction_in_flight_gets_only_its_final_answer():
+def far_apart() -> Bus:
+    """A (partition 0) holding 1,000 and FAR (partition 1), both open."""
     bus = Bus()
     for account in (A, FAR):
         bus.send(open_account(account), account)
     bus.send(transfer("dep", ("sys:world:USD", -1_000), (A, 1_000)), A)
     bus.run()
+    return bus
+
+
+def test_a_linked_retry_of_a_transaction_in_flight_gets_only_its_final_answer():
+    bus = far_apart()
     far = transfer("far", (A, -100), (FAR, 100))
     partition = bus.send(far, A)
     bus.step(partition)  # the coordinator begins: reserving in both partitions
@@ -148,11 +154,7 @@ def test_a_linked_retry_of_a_transaction_in_flight_gets_only_its_final_answer():
 
 
 def test_a_placed_transaction_in_a_linked_batch_is_decided_once():
-    bus = Bus()
-    for account in (A, FAR):
-        bus.send(open_account(account), account)
-    bus.send(transfer("dep", ("sys:world:USD", -1_000), (A, 1_000)), A)
-    bus.run()
+    bus = far_apart()
     record, partitions = placement.placements(C.decode("command", transfer("pl", (A, -100), (FAR, 100))), A, N)
     placed = C.encode("command", record)
     coordinator, participant = partitions
