@@ -211,6 +211,8 @@ class Engine:
         self.clients = Clients.from_env()
         # One transactional producer per partition served, made (and initialised: the fence) at its restore.
         self.producers: dict[int, Producer] = {}
+        # The fatal error each partition's producer reported (error_cb): a send refused later says only _FATAL.
+        self._fatal: dict[int, KafkaError] = {}
         self.processors: dict[int, PartitionProcessor] = {}
         # Next changelog offset of each partition as of its restore or last commit; absent = must restore
         # first. Only the event loop's thread touches it, and _generation counts rebalances, so an offset
@@ -267,8 +269,14 @@ class Engine:
     def _fence(self, partition: int) -> Producer:
         """Step 1, first half: a fresh transactional producer for the partition; init_transactions fences
         every earlier producer of its transactional.id and aborts (or completes) its open transaction."""
+        def on_error(error: KafkaError) -> None:
+            if error.fatal():  # e.g. "Fatal error: Local: This instance has been fenced by a newer instance"
+                self._fatal[partition] = error
+
+        self._fatal.pop(partition, None)
         producer = _producer(self.settings, **{"transactional.id": transactional_id(self.settings, partition),
-                                               "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS})
+                                               "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                                               "error_cb": on_error})
         # The cluster's brokers first: a new librdkafka producer (2.16) that asks for its transaction coordinator
         # while it still replaces its bootstrap connection by the broker it learns loses the answer about one
         # time in three, and asks again only when its coordinator timer fires 500 ms later (per partition
@@ -597,9 +605,12 @@ class Engine:
                     continue  # the outcome is unknown: committing again is what librdkafka asks for
                 raise
 
-    @staticmethod
-    def _raise(p: int, exc: KafkaException) -> None:
+    def _raise(self, p: int, exc: KafkaException) -> None:
         error = exc.args[0]
+        if error.code() == KafkaError._FATAL and p in self._fatal:
+            # A producer that became fatal in an earlier call refuses every later one with a bare _FATAL; the
+            # reason is the fatal error it reported then (a fence, for a transactional producer).
+            error = self._fatal[p]
         if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) \
                 or "fenc" in error.str().lower():
             log.warning("partition %d: transaction fenced: another worker owns the partition now (%s); "

@@ -54,3 +54,21 @@ def test_a_system_error_without_a_kafka_cause_is_not_taken_for_a_fence(tmp_path)
     eng = _commit_raising(tmp_path, _wrapped(None))
     with pytest.raises(SystemError):
         eng._commit_partition(3, [], 10, {})
+
+
+def test_a_send_refused_after_the_producer_became_fatal_is_named_by_the_fatal_error_it_reported(tmp_path, caplog):
+    """A producer fenced in an earlier call refuses every later send with a bare _FATAL ("Unable to produce
+    message: Local: Fatal error"); the fence it reported then (error_cb) names it."""
+    bare = KafkaException(KafkaError(KafkaError._FATAL, "Unable to produce message: Local: Fatal error", fatal=True))
+    eng = _commit_raising(tmp_path, bare)
+    eng._fatal[3] = KafkaError(KafkaError._FATAL, "Fatal error: Local: This instance has been fenced by a newer "
+                                                  "instance: Producer fenced", fatal=True)
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match="partition 3: transaction failed"):
+        eng._commit_partition(3, [], 10, {})
+    assert any("transaction fenced" in r.getMessage() for r in caplog.records), caplog.text
+    # Without such a report, a bare _FATAL is not taken for a fence.
+    caplog.clear()
+    eng._fatal.clear()
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed):
+        eng._commit_partition(3, [], 10, {})
+    assert not any("transaction fenced" in r.getMessage() for r in caplog.records)
