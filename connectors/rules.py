@@ -42,6 +42,8 @@ Amount = int | str  # int: minor units; str: an exact decimal in major units ("0
 Rounding = Literal["exact", "down", "up"]
 
 DEFAULT_CLIENT_ID = "rules"
+# A user's pending account: ``user:<user>:pending.<CUR>`` (like the receivable's ``receivable.<CUR>``).
+PENDING_MARK = "pending."
 # The metadata keys that record which rule, at which version, posted a transaction (read back by the API).
 RULE_KEY, RULE_VERSION_KEY = "rule", "rule_version"
 # Rejections that mean "too early, the command it depends on has not been applied yet".
@@ -156,6 +158,67 @@ class DepositConfirmed:
     user: str
     currency: str
     amount: Amount
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DepositInitiated:
+    """A payment rail reports a deposit on its way to custody (an ACH debit initiated, a card payment
+    authorised): owed to the operator, not yet received. The amount waits on the user's pending account,
+    except `fronted` of it, which the user may spend at once (an instant deposit): see DepositFronted."""
+
+    deposit_id: str
+    user: str
+    currency: str
+    amount: Amount
+    fronted: Amount = 0
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DepositFronted:
+    """The operator lets the user spend `amount` of an initiated deposit before it settles. The ledger fronts
+    only what is receivable: the user's pending account (what the rails still owe for the user's deposits and
+    was not fronted yet) may not go below zero, so more than is in transit is refused (insufficient_funds).
+    One fronting per deposit: a DepositInitiated with `fronted` is the same command."""
+
+    deposit_id: str
+    user: str
+    currency: str
+    amount: Amount
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DepositSettled:
+    """The initiated deposit's money reached custody: the in-transit claim is cleared, and what was not
+    fronted becomes spendable. `fronted` is what the operator fronted of this deposit (0 when none)."""
+
+    deposit_id: str
+    user: str
+    currency: str
+    amount: Amount
+    fronted: Amount = 0
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DepositFailed:
+    """The rail reports that the initiated deposit will not arrive (an ACH return before settlement, a
+    declined card payment). The fronted part comes back from the user, as a return of the fronting (what the
+    user spent is booked on the user's receivable); the in-transit claim is written off against pending.
+    `fronting_attempt` names the fronting's accepted attempt when a first one was refused and sent again."""
+
+    deposit_id: str
+    user: str
+    currency: str
+    amount: Amount
+    fronted: Amount = 0
+    fronting_attempt: int = 1
     occurred_at_ms: int | None = None
     attempt: int = 1
 
@@ -310,7 +373,8 @@ class DepositReturned:
 
 
 Event = (DepositConfirmed | WithdrawalRequested | WithdrawalCompleted | WithdrawalFailed | OrderPlaced
-         | OrderClosed | TradeExecuted | FxConverted | InternalTransfer | ReversalRequested | DepositReturned)
+         | OrderClosed | TradeExecuted | FxConverted | InternalTransfer | ReversalRequested | DepositReturned
+         | DepositInitiated | DepositFronted | DepositSettled | DepositFailed)
 
 
 # --- account names ----------------------------------------------------------------------------------------
@@ -322,6 +386,25 @@ def user_account(user: str, currency: str) -> str:
 
 def custody_account(currency: str) -> str:
     return f"sys:custody:{currency}"
+
+
+def in_transit_account(currency: str) -> str:
+    """What the payment rails owe custody for deposits initiated and not settled (an asset)."""
+    return f"sys:in_transit:{currency}"
+
+
+def pending_account(user: str, currency: str) -> str:
+    """The user's money in transit that was not fronted: owed to the user once it arrives, not spendable.
+    It lives in the user's partition (routing key ``user:<user>``) and may not go negative."""
+    return f"user:{user}:{PENDING_MARK}{currency}"
+
+
+def open_pending_account(user: str, currency: str, ctx: Context) -> Routed:
+    """The OpenAccount command of a user's pending account (id ``open:<account>``, like a user account's)."""
+    account = pending_account(user, currency)
+    body = {"account_id": account, "currency": currency, "allow_negative": False, "overdraft_limit": "0",
+            "max_balance": None, "routing_key": None}
+    return Routed(account, command_record(ctx.client_id, f"open:{account}", "OpenAccount", body))
 
 
 def fee_account(currency: str) -> str:
@@ -493,15 +576,16 @@ def _leg(account: str, amount: int, currency: str, hold_id: str | None = None) -
 
 def _transaction(ctx: Context, command_id: str, legs: list[dict[str, Any]], *, kind: str, reference: str,
                  metadata: dict[str, str], occurred_at_ms: int | None = None,
-                 rate_snapshot_id: str | None = None, links: tuple[str, ...] = ()) -> Routed:
+                 rate_snapshot_id: str | None = None, links: tuple[str, ...] = (),
+                 route_by: str | None = None) -> Routed:
     legs = [leg for leg in legs if leg["amount"] != "0"]  # a fee of 0 is no leg (zero legs are invalid)
     body = {"transaction_id": command_id, "legs": legs, "kind": kind, "reference": reference, "links": list(links),
             "metadata": dict(sorted(metadata.items())), "occurred_at_ms": occurred_at_ms,
             "rate_snapshot_id": rate_snapshot_id}
     debits = [leg["account_id"] for leg in legs if leg["amount"].startswith("-")]
     ordinary = [a for a in debits if not routing.is_system(a)]
-    routing_account = (ordinary or [leg["account_id"] for leg in legs if not routing.is_system(leg["account_id"])]
-                       or debits)[0]
+    routing_account = route_by or (ordinary or [leg["account_id"] for leg in legs
+                                                 if not routing.is_system(leg["account_id"])] or debits)[0]
     return Routed(routing_account, command_record(ctx.client_id, command_id, "PostTransaction", body))
 
 
@@ -806,6 +890,93 @@ def _deposit_returned(e: DepositReturned, ctx: Context, spec: RuleSpec) -> tuple
                          kind=e.kind, reference=rid, occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms"),
                          metadata={**spec.meta(e.attempt, return_id=rid), RETURNS_KEY: deposit},
                          links=(deposit,)),)
+
+
+# --- deposits in transit: fronting only what is receivable ------------------------------------------------
+
+
+def _in_transit(e: Any, ctx: Context) -> tuple[str, str, Currency, int, int]:
+    """The fields every in-transit deposit event has: deposit id, user, currency, amount, fronted."""
+    dep = _business_id(e.deposit_id, "deposit_id")
+    user = _user(e.user, "user")
+    cur = _currency(e.currency, ctx, "currency")
+    amount = to_minor(e.amount, cur, "amount")
+    fronted = to_minor(getattr(e, "fronted", 0), cur, "fronted", allow_zero=True)
+    if fronted > amount:
+        raise InvalidAmount("fronted", f"more than the deposit's amount {e.amount!r}: only what is receivable "
+                                       "may be fronted")
+    return dep, user, cur, amount, fronted
+
+
+def _fronting(ctx: Context, dep: str, user: str, cur: Currency, amount: int, attempt: int,
+              occurred_at_ms: int | None) -> Routed:
+    """The fronting of a deposit (``deposit_fronted:<deposit>``): from the user's pending account to the
+    user's account. The same command whichever event asks for it, so a deposit is fronted once."""
+    spec = RULES[DepositFronted]
+    return _transaction(ctx, _command_id(spec.name, dep, attempt),
+                        [_leg(pending_account(user, cur.code), -amount, cur.code),
+                         _leg(user_account(user, cur.code), amount, cur.code)],
+                        kind="deposit_fronted", reference=dep, occurred_at_ms=occurred_at_ms,
+                        metadata=spec.meta(attempt, deposit_id=dep))
+
+
+@rule("deposit_initiated", 1, DepositInitiated)
+def _deposit_initiated(e: DepositInitiated, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """The rail owes the deposit (sys:in_transit), the user is owed it once it arrives (pending); the
+    fronted part, if any, moves on to the user's account in a second command."""
+    dep, user, cur, amount, fronted = _in_transit(e, ctx)
+    attempt, at = _attempt(e.attempt), _time(e.occurred_at_ms, "occurred_at_ms")
+    initiated = _transaction(ctx, _command_id(spec.name, dep, attempt),
+                             [_leg(in_transit_account(cur.code), -amount, cur.code),
+                              _leg(pending_account(user, cur.code), amount, cur.code)],
+                             kind="deposit_initiated", reference=dep, occurred_at_ms=at,
+                             metadata=spec.meta(attempt, deposit_id=dep))
+    front = (_fronting(ctx, dep, user, cur, fronted, attempt, at),) if fronted else ()
+    return (open_pending_account(user, cur.code, ctx), initiated, *front)
+
+
+@rule("deposit_fronted", 1, DepositFronted)
+def _deposit_fronted(e: DepositFronted, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """Front part of an initiated deposit; the ledger refuses more than the user's pending account holds."""
+    dep, user, cur, amount, _ = _in_transit(e, ctx)
+    return (_fronting(ctx, dep, user, cur, amount, _attempt(e.attempt), _time(e.occurred_at_ms, "occurred_at_ms")),)
+
+
+@rule("deposit_settled", 1, DepositSettled)
+def _deposit_settled(e: DepositSettled, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """Custody receives the money the rail owed; what was not fronted leaves pending for the user's account."""
+    dep, user, cur, amount, fronted = _in_transit(e, ctx)
+    attempt = _attempt(e.attempt)
+    legs = [_leg(custody_account(cur.code), -amount, cur.code),
+            _leg(in_transit_account(cur.code), amount, cur.code),
+            _leg(pending_account(user, cur.code), -(amount - fronted), cur.code),
+            _leg(user_account(user, cur.code), amount - fronted, cur.code)]
+    return (_transaction(ctx, _command_id(spec.name, dep, attempt), legs, kind="deposit", reference=dep,
+                         occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms"),
+                         metadata=spec.meta(attempt, deposit_id=dep, fronted=str(fronted)),
+                         links=(_command_id(RULES[DepositInitiated].name, dep, 1),),
+                         route_by=pending_account(user, cur.code)),)
+
+
+@rule("deposit_failed", 1, DepositFailed)
+def _deposit_failed(e: DepositFailed, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """The fronted money comes back to pending as a return of the fronting (the core books on the user's
+    receivable what the user spent), then pending gives the whole amount back against the rail's claim."""
+    dep, user, cur, amount, fronted = _in_transit(e, ctx)
+    attempt, at = _attempt(e.attempt), _time(e.occurred_at_ms, "occurred_at_ms")
+    cid = _command_id(spec.name, dep, attempt)
+    fronting = _command_id(RULES[DepositFronted].name, dep, _attempt(e.fronting_attempt))
+    clawback = (_transaction(ctx, f"{cid}:return", [_leg(user_account(user, cur.code), -fronted, cur.code),
+                                                   _leg(pending_account(user, cur.code), fronted, cur.code)],
+                             kind="return", reference=dep, occurred_at_ms=at,
+                             metadata={**spec.meta(attempt, deposit_id=dep), RETURNS_KEY: fronting},
+                             links=(fronting,)),) if fronted else ()
+    written_off = _transaction(ctx, cid, [_leg(pending_account(user, cur.code), -amount, cur.code),
+                                          _leg(in_transit_account(cur.code), amount, cur.code)],
+                               kind="deposit_failed", reference=dep, occurred_at_ms=at,
+                               metadata=spec.meta(attempt, deposit_id=dep, fronted=str(fronted)),
+                               links=(_command_id(RULES[DepositInitiated].name, dep, 1),))
+    return (*clawback, written_off)
 
 
 RULE_VERSIONS: dict[str, int] = {spec.name: spec.version for spec in RULES.values()}

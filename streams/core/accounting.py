@@ -25,7 +25,6 @@ SYSTEM_ACCOUNT_TYPES: dict[str, AccountType] = {
     "liquidity": AccountType.ASSET,
     "fx": AccountType.ASSET,
     "receivable": AccountType.ASSET,
-    "fronted": AccountType.ASSET,
     "in_transit": AccountType.ASSET,
     "fees": AccountType.REVENUE,
     "world": AccountType.EQUITY,

@@ -21,7 +21,11 @@ from connectors import rules
 from connectors.rules import (
     Context,
     DepositConfirmed,
+    DepositFailed,
+    DepositFronted,
+    DepositInitiated,
     DepositReturned,
+    DepositSettled,
     FxConverted,
     InternalTransfer,
     OrderClosed,
@@ -174,6 +178,18 @@ class Scenario:
     def deposit_returned(self, return_id, transaction_id, user, currency, amount, expect="accepted", duplicate=None,
                          **kw) -> "Scenario":
         return self.send(DepositReturned(return_id, transaction_id, user, currency, amount, **kw), expect, duplicate)
+
+    def deposit_initiated(self, deposit_id, user, currency, amount, fronted="0", expect="accepted", **kw):
+        return self.send(DepositInitiated(deposit_id, user, currency, amount, fronted, **kw), expect)
+
+    def deposit_fronted(self, deposit_id, user, currency, amount, expect="accepted", duplicate=None, **kw):
+        return self.send(DepositFronted(deposit_id, user, currency, amount, **kw), expect, duplicate)
+
+    def deposit_settled(self, deposit_id, user, currency, amount, fronted="0", expect="accepted", **kw):
+        return self.send(DepositSettled(deposit_id, user, currency, amount, fronted, **kw), expect)
+
+    def deposit_failed(self, deposit_id, user, currency, amount, fronted="0", expect="accepted", **kw):
+        return self.send(DepositFailed(deposit_id, user, currency, amount, fronted, **kw), expect)
 
     def at(self, ms: int) -> "Scenario":
         """Move log time on: the next records are written at ms (+1 each). Holds due by then expire when their

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from connectors import rules
 from connectors.rules import DepositConfirmed, WithdrawalCompleted
 from tests.rules.scenario import Scenario, in_different_partitions
@@ -232,3 +234,45 @@ def test_a_deposit_returned_in_part_then_charged_back_after_it_was_spent():
         ("user:alice:receivable.USDT", "-350000000", "chargeback", ("deposit_confirmed:d1",))]
     metadata = s.last_plan.commands[0].record["body"][1]["metadata"]
     assert (metadata["rule"], metadata["ledger.returns"]) == ("deposit_returned", "deposit_confirmed:nope")
+
+
+def test_a_deposit_in_transit_is_fronted_only_up_to_what_the_rails_owe_then_settles_or_fails():
+    """Alice's bank pull of 500 is initiated and 200 of it fronted at once; a second pull of 100 is initiated
+    unfronted. Fronting 500 of the second is refused (her pending account holds only 400: what the rails owe
+    her and was not fronted); 100 is fronted. The first settles: custody receives 500, her other 300 becomes
+    spendable. She spends 650 of her 700 (a transfer to bob), then the second pull fails: the 100 fronted
+    comes back, 50 from her account and 50 booked on her receivable, and the rail's claim is written off."""
+    s = (Scenario().users("alice", "bob")
+         .deposit_initiated("p1", "alice", "USDT", "500", fronted="200")
+         .assert_balances({"alice:USDT": "200", "alice:pending.USDT": "300", "sys:in_transit:USDT": "-500"})
+         .deposit_initiated("p2", "alice", "USDT", "100")
+         .assert_balances({"alice:USDT": "200", "alice:pending.USDT": "400", "sys:in_transit:USDT": "-600"})
+         .deposit_fronted("p2", "alice", "USDT", "500", expect="insufficient_funds")
+         .deposit_fronted("p2", "alice", "USDT", "100", attempt=2))               # a refusal is remembered
+    s.deposit_fronted("p2", "alice", "USDT", "100", attempt=2, duplicate=True)  # redelivered: fronted once
+    (s.assert_balances({"alice:USDT": "300", "alice:pending.USDT": "300"})
+     .deposit_settled("p1", "alice", "USDT", "500", fronted="200")
+     .assert_balances({"alice:USDT": "600", "alice:pending.USDT": "0", "sys:in_transit:USDT": "-100",
+                       "sys:custody:USDT": "-500"})
+     .transfer("t1", "alice", "bob", "USDT", "550")
+     .deposit_failed("p2", "alice", "USDT", "100", fronted="100", fronting_attempt=2)
+     .assert_balances({"alice:USDT": "0", "alice:receivable.USDT": "-50", "alice:pending.USDT": "0",
+                       "sys:in_transit:USDT": "0", "sys:custody:USDT": "-500", "bob:USDT": "550"}))
+    clawback = s.history("deposit_failed:p2:return")  # the return of deposit_fronted:p2#2
+    assert sorted((h["account_id"], h["amount"], h["kind"]) for h in clawback) == [
+        ("user:alice:USDT", "-50000000", "return"),
+        ("user:alice:pending.USDT", "100000000", "return"),
+        ("user:alice:receivable.USDT", "-50000000", "return")]
+
+
+def test_a_deposit_is_never_fronted_beyond_its_amount_nor_settled_claiming_more_fronting_than_pending():
+    """The rule refuses fronting more than the deposit; the ledger refuses a settlement whose stated fronting
+    is too small (it would release more than the user's pending account holds)."""
+    s = Scenario().users("alice")
+    with pytest.raises(rules.InvalidAmount):
+        s.deposit_initiated("p1", "alice", "USDT", "100", fronted="101")
+    (s.deposit_initiated("p1", "alice", "USDT", "100", fronted="60")
+     .deposit_settled("p1", "alice", "USDT", "100", fronted="0", expect="insufficient_funds")
+     .deposit_settled("p1", "alice", "USDT", "100", fronted="60", attempt=2)
+     .assert_balances({"alice:USDT": "100", "alice:pending.USDT": "0", "sys:in_transit:USDT": "0",
+                       "sys:custody:USDT": "-100"}))
