@@ -163,10 +163,8 @@ class DepositConfirmed:
 
 
 @dataclass(frozen=True, slots=True)
-class DepositInitiated:
-    """A payment rail reports a deposit on its way to custody (an ACH debit initiated, a card payment
-    authorised): owed to the operator, not yet received. The amount waits on the user's pending account,
-    except `fronted` of it, which the user may spend at once (an instant deposit): see DepositFronted."""
+class _DepositInTransit:
+    """The fields of a deposit that a payment rail reports before its money arrives (ACH, cards)."""
 
     deposit_id: str
     user: str
@@ -175,6 +173,13 @@ class DepositInitiated:
     fronted: Amount = 0
     occurred_at_ms: int | None = None
     attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DepositInitiated(_DepositInTransit):
+    """A payment rail reports a deposit on its way to custody (an ACH debit initiated, a card payment
+    authorised): owed to the operator, not yet received. The amount waits on the user's pending account,
+    except `fronted` of it, which the user may spend at once (an instant deposit): see DepositFronted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,34 +198,19 @@ class DepositFronted:
 
 
 @dataclass(frozen=True, slots=True)
-class DepositSettled:
+class DepositSettled(_DepositInTransit):
     """The initiated deposit's money reached custody: the in-transit claim is cleared, and what was not
     fronted becomes spendable. `fronted` is what the operator fronted of this deposit (0 when none)."""
 
-    deposit_id: str
-    user: str
-    currency: str
-    amount: Amount
-    fronted: Amount = 0
-    occurred_at_ms: int | None = None
-    attempt: int = 1
-
 
 @dataclass(frozen=True, slots=True)
-class DepositFailed:
+class DepositFailed(_DepositInTransit):
     """The rail reports that the initiated deposit will not arrive (an ACH return before settlement, a
     declined card payment). The fronted part comes back from the user, as a return of the fronting (what the
     user spent is booked on the user's receivable); the in-transit claim is written off against pending.
     `fronting_attempt` names the fronting's accepted attempt when a first one was refused and sent again."""
 
-    deposit_id: str
-    user: str
-    currency: str
-    amount: Amount
-    fronted: Amount = 0
     fronting_attempt: int = 1
-    occurred_at_ms: int | None = None
-    attempt: int = 1
 
 
 @dataclass(frozen=True, slots=True)
