@@ -41,6 +41,16 @@ CASES = [
     (core.ReleaseHold(command_id="r", hold_id="h", **C), "vip:1:USD", WALLET, "policy 'wallet' rule hold"),
     (core.ReleaseHold(command_id="r", hold_id="h", **C), None, WALLET, None),  # no such hold: unknown_hold
     (core.ExpireHold(command_id="x", hold_id="h", **C), "vip:1:USD", WALLET, "policy 'wallet' rule hold"),
+    # A leg of zero moves no money out: it asks for no debit right (the rules refuse it as invalid_amount).
+    (post(("user:1:USD", -5), ("user:2:USD", 5), ("vip:1:USD", 0)), None, WALLET, None),
+    # A command that names no account (a currency, a rate) needs the right to debit every account: a pattern
+    # that covers every named account is not enough.
+    (core.RecordRate(command_id="q", snapshot_id="s", base="USD", quote="EUR", rate="0.9", expires_at_ms=9, **C),
+     None, ClientPolicy("named", debit=("?*",)), "policy 'named' rule debit allows ?*; this command would debit "),
+    (core.RegisterCurrency(command_id="g", currency="EUR", scale=2, **C), None, ClientPolicy("named", debit=("?*",)),
+     "policy 'named' rule debit allows ?*; this command would debit "),
+    (core.RecordRate(command_id="q", snapshot_id="s", base="USD", quote="EUR", rate="0.9", expires_at_ms=9, **C),
+     None, OPEN, None),
     # Patterns are globs, case-sensitive: USER:1 is not user:*.
     (open_("USER:1:USD"), None, WALLET, "policy 'wallet' rule open"),
     (post(("user:1:USD", -5), ("user:2:USD", 5)), None, ClientPolicy("none"), "policy 'none' rule debit"),

@@ -113,6 +113,11 @@ ROWS = [
      ("released", 400, 0)),
     ("late-overdraw-all", [release, spend(1000)], EXTERNAL, 400, 10, LATE_SETTLEMENT, (0, 0), -400,
      ("released", 400, 0)),
+    # The boundary: available short of the late capture by one minor unit, and covering it exactly.
+    ("late-overdraw-one", [release, spend(601)], EXTERNAL, 400, 10, LATE_SETTLEMENT, (0, 0), -1,
+     ("released", 400, 0)),
+    ("late-covered-exactly", [release, spend(600)], EXTERNAL, 400, 10, LATE_SETTLEMENT, (0, 0), None,
+     ("released", 400, 0)),
     ("late-twice", [release, lambda l: l.capture(400, EXTERNAL)], EXTERNAL, 1, 10, "capture_exceeds_hold",
      (600, 0), None, ("released", 400, 0)),
     ("captured-hold", [captured(400)], EXTERNAL, 1, 10, "hold_not_open", (600, 0), None, ("captured", 400, 0)),
@@ -144,6 +149,25 @@ def test_a_late_settlement_also_pays_other_debits_only_from_available():
     spend(1000)(ledger)
     result = ledger.capture(400, EXTERNAL, extra=1)
     assert result.reason is not None and result.reason.code == "insufficient_funds"
+
+
+def test_a_late_settlement_of_two_holds_overdraws_only_the_account_that_is_short():
+    """One settlement capturing ended holds of two accounts: the one whose available cannot cover its capture
+    overdraws into its receivable, the other pays from its own money and gets no receivable."""
+    other, other_receivable = "user:2:USD", "user:2:receivable.USD"
+    ledger = Ledger()
+    ledger.run(OpenAccount(command_id="o-2", client_id="t", at_ms=1, account_id=other, currency="USD"))
+    ledger.pay(WORLD, other, 1000)
+    assert ledger.run(PlaceHold(command_id="h2", client_id="t", at_ms=2, hold_id="h2", account_id=other,
+                                amount=400, expires_at_ms=100)).accepted
+    release(ledger)
+    assert ledger.run(ReleaseHold(command_id="r2", client_id="t", at_ms=5, hold_id="h2")).accepted
+    spend(900)(ledger)  # user:1 has 100 left for its 400
+    result = ledger.run(PostTransaction(command_id="c", client_id="t", at_ms=10, transaction_id="c", legs=(
+        Leg(USER, -400, "h1"), Leg(other, -400, "h2"), Leg(PAYEE, 800)), metadata=EXTERNAL))
+    assert result.notice == LATE_SETTLEMENT, result.detail
+    assert ledger.balance(USER) == (0, 0) and ledger.balance(RECEIVABLE) == (-300, 0)
+    assert ledger.balance(other) == (600, 0) and ledger.balance(other_receivable) is None
 
 
 def test_the_receivable_lives_with_its_owner_and_the_overdraw_names_the_hold():
