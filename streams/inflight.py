@@ -23,6 +23,27 @@ def reservation_key(key: str) -> str:
     return f"r/{key}"
 
 
+# Engine records indexing the producers' copies whose reservation waits for the coordinator's Reserve, by
+# when that wait ends: ``o/<due_ms, 20 digits>/<T>``, one per copy, written with the copy's reservation and
+# deleted with its confirmation or drop. The partition state keeps them in a heap by due time
+# (streams/partition.py), so the check made before every command looks at the earliest one only. (Earlier
+# versions kept one list of every copy in flight under ``o``, rewritten whole by each copy and each
+# confirmation: its size, and the cost of each command, grew with the copies in flight. It is still read until
+# it empties: streams/spanning.py.)
+COPY_DUE = "o/"
+
+
+def copy_due_key(due_ms: int, key: str) -> str:
+    """The engine record key indexing the copy's reservation of transaction key T, due at due_ms."""
+    return f"{COPY_DUE}{due_ms:020d}/{key}"
+
+
+def parse_copy_due(record_key: str) -> tuple[int, str]:
+    """(due_ms, T) of a copy_due_key."""
+    _, due, key = record_key.split("/", 2)
+    return int(due), key
+
+
 class Status(str, Enum):
     """Where the coordinator's record is in its life. There is no stored "decided": the vote that completes
     the record decides the transaction and deletes the record in the same StateChange, so a record that

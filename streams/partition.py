@@ -29,6 +29,7 @@ from streams.core.policy import judge as judge_policy
 from streams.core.rejections import NOT_A_DECISION
 from streams.linking import Linking
 from streams.spanning import SPANNING_KINDS, Spanning
+from streams.inflight import COPY_DUE, parse_copy_due
 from streams.store import KeyValueStore
 from streams.wire import (
     WireError,
@@ -135,6 +136,12 @@ class PartitionState:
         # (expires_at_ms, hold_id) of open holds with an expiry; stale entries are skipped when popped.
         self.expiries: list[tuple[int, str]] = []
         self._load_expiries()
+        # The producers' copies whose reservations wait for their coordinator's Reserve (the COPY_DUE engine
+        # records, committed and staged): transaction key -> due_ms, and a heap of (due_ms, key) whose entries
+        # no longer in copy_dues are skipped (take_due_copies).
+        self.copy_dues: dict[str, int] = {}
+        self._copy_heap: list[tuple[int, str]] = []
+        self._load_copy_dues()
         # Currencies registered in this partition (RegisterCurrency), committed and staged: code -> scale.
         # currencies_epoch moves whenever they may have changed, so the processor rebuilds its registry.
         self.registered: dict[str, int] = {}
@@ -168,6 +175,41 @@ class PartitionState:
             _, at, hold_id = key.decode().split("/", 2)
             self.expiries.append((int(at), hold_id))
         heapq.heapify(self.expiries)
+
+    def _load_copy_dues(self) -> None:
+        prefix = b"e/" + COPY_DUE.encode()
+        try:
+            keys = [key for key, _ in self.store.scan(prefix) if key not in self._deletes]
+        except Exception as exc:  # noqa: BLE001 - whatever the store raises is an I/O failure
+            raise StoreFailure(f"scanning the copies' timeouts: {exc}") from exc
+        keys += [key for key in self._puts if key.startswith(prefix)]
+        self.copy_dues = {}
+        for key in keys:
+            due, transaction = parse_copy_due(key[2:].decode())
+            self.copy_dues[transaction] = due
+        self._copy_heap = [(due, transaction) for transaction, due in self.copy_dues.items()]
+        heapq.heapify(self._copy_heap)
+
+    def _index_copy_due(self, record_key: str, present: bool) -> None:
+        due, transaction = parse_copy_due(record_key)
+        if present:
+            self.copy_dues[transaction] = due
+            heapq.heappush(self._copy_heap, (due, transaction))
+        elif self.copy_dues.get(transaction) == due:
+            del self.copy_dues[transaction]
+            if len(self._copy_heap) > 2 * len(self.copy_dues) + 64:  # mostly entries ended since: rebuilt
+                self._copy_heap = [(d, t) for t, d in self.copy_dues.items()]
+                heapq.heapify(self._copy_heap)
+
+    def take_due_copies(self, now_ms: int) -> list[tuple[int, str]]:
+        """(due_ms, transaction key) of the copies due by now_ms, in that order, each returned once (taken off
+        the heap; copy_dues keeps it until its record is deleted). Looks at the earliest only when none is due."""
+        heap, live, due = self._copy_heap, self.copy_dues, []
+        while heap and heap[0][0] <= now_ms:
+            entry = heapq.heappop(heap)
+            if live.get(entry[1]) == entry[0]:
+                due.append(entry)
+        return due
 
     def _get(self, key: bytes) -> bytes | None:
         if key in self._puts:
@@ -206,6 +248,7 @@ class PartitionState:
         self._records.clear()
         self._not_in_inbox = None
         self._load_currencies()
+        self._load_copy_dues()
         # The expiry index as committed and staged now (entries the command popped or pushed are restored).
         self._load_expiries()
         staged = [(key, value) for key, value in self._puts.items() if key.startswith(b"x/")]
@@ -322,8 +365,9 @@ class PartitionState:
             puts[key] = record
             self._deletes.discard(key)
         for record in change.get("records", ()):
-            self._records.pop(record["key"], None)
-            key = b"e/" + record["key"].encode()
+            name = record["key"]
+            self._records.pop(name, None)
+            key = b"e/" + name.encode()
             touch(key)
             if record["value"] is None:
                 puts.pop(key, None)
@@ -331,6 +375,8 @@ class PartitionState:
             else:
                 puts[key] = record["value"]
                 self._deletes.discard(key)
+            if name.startswith(COPY_DUE):
+                self._index_copy_due(name, record["value"] is not None)
         key = _inbox_key(change["client_id"], change["command_id"])
         touch(key)
         puts[key] = encoded
@@ -387,6 +433,7 @@ class PartitionState:
         self._not_in_inbox = None
         self._load_expiries()
         self._load_currencies()
+        self._load_copy_dues()
 
     def applied_offset(self) -> int:
         """The highest commands offset whose effects are staged or stored (-1: none)."""

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import json
 
 from streams import core, limits, names, placement, routing
-from streams.inflight import InFlight, Reservation, coordinator_key, reservation_key
+from streams.inflight import InFlight, Reservation, coordinator_key, copy_due_key, reservation_key
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, returns, settlement
 from streams.routing import ENGINE_CLIENT
@@ -51,7 +51,9 @@ VOTE_DETAIL_CHARS = 256  # a vote's detail is kept in the coordinator's record, 
 # How long (log time of the participant) a copy's reservation waits for the coordinator's Reserve before it is
 # dropped: the coordinator never got the command (its producer died between the sends, or wrote a copy only).
 COPY_WAIT_MS = 300_000
-COPY_TIMEOUTS = "o"  # engine record: [[due_ms, transaction key]] of copies' reservations not yet confirmed
+# Each copy's reservation not yet confirmed has its own record, inflight.copy_due_key. Earlier versions kept them
+# all in this one engine record, [[due_ms, transaction key]]: read and emptied, never written any more.
+COPY_TIMEOUTS = "o"
 WAITING = "w"  # engine record: the commands waiting for transactions in flight, in arrival order
 WAITING_LIMIT = 1_000  # beyond it a command that would wait is refused in_flight
 
@@ -86,8 +88,8 @@ def _accepted(command_id: str, at_ms: int, detail: str = "") -> dict[str, Any]:
 class Spanning:
     def __init__(self, proc: "PartitionProcessor"):
         self.proc = proc
-        # (the copies' timeouts record as decoded, its earliest due): the state decodes an engine record once
-        # until it is written, so the same object means the same timeouts.
+        # (the earlier versions' list of copies' timeouts as decoded, its earliest due): the state decodes an
+        # engine record once until it is written, so the same object means the same timeouts.
         self._earliest: tuple[Any, int] = (None, 0)
 
     @property
@@ -508,8 +510,7 @@ class Spanning:
             return
         failure, records = self._reserve_share(key, tx, offset, tx.at_ms, copy=True)
         if failure is None:
-            timeouts = state.record(COPY_TIMEOUTS) or []
-            records.append((COPY_TIMEOUTS, [*timeouts, [tx.at_ms + COPY_WAIT_MS, key]]))
+            records.append((copy_due_key(tx.at_ms + COPY_WAIT_MS, key), 1))
             wire = _accepted(copy_id, tx.at_ms, "reserved")
         else:
             wire = rejection_to_wire(copy_id, ENGINE_CLIENT, tx.at_ms, failure[0],
@@ -517,9 +518,17 @@ class Spanning:
         proc.commit_change(ENGINE_CLIENT, copy_id, tx.fingerprint(), offset, wire, records=records)
 
     def _without_timeout(self, key: str) -> list[tuple[str, Any]]:
-        timeouts = self.state.record(COPY_TIMEOUTS) or []
-        rest = [t for t in timeouts if t[1] != key]
-        return [(COPY_TIMEOUTS, rest or None)] if len(rest) != len(timeouts) else []
+        """The engine records that end the wait of a copy's reservation for transaction key T (none if none)."""
+        records: list[tuple[str, Any]] = []
+        due = self.state.copy_dues.get(key)
+        if due is not None:
+            records.append((copy_due_key(due, key), None))
+        timeouts = self.state.record(COPY_TIMEOUTS)
+        if timeouts:  # written by an earlier version
+            rest = [t for t in timeouts if t[1] != key]
+            if len(rest) != len(timeouts):
+                records.append((COPY_TIMEOUTS, rest or None))
+        return records
 
     def _unreserve(self, key: str, reservation: Reservation, command_id: str, offset: int, at_ms: int) -> None:
         """Drop a reservation the coordinator never confirmed (a copy of another payload, or one whose
@@ -534,16 +543,16 @@ class Spanning:
         """Reservations of copies whose Reserve has not come within COPY_WAIT_MS of log time are dropped (the
         coordinator never got the command: a producer that died between its sends, or one that wrote a copy
         only). True if one was dropped."""
+        due = self.state.take_due_copies(now_ms)  # checked on every command: the heap's earliest only
         timeouts = self.state.record(COPY_TIMEOUTS)
-        if not timeouts:
+        if timeouts:  # written by an earlier version, until it empties
+            if self._earliest[0] is not timeouts:
+                self._earliest = (timeouts, min(t for t, _ in timeouts))
+            if self._earliest[1] <= now_ms:
+                due = sorted(due + [(t, k) for t, k in timeouts if t <= now_ms])
+        if not due:
             return False
-        if self._earliest[0] is not timeouts:  # checked on every command: the earliest due, once per version
-            self._earliest = (timeouts, min(t for t, _ in timeouts))
-        if self._earliest[1] > now_ms:
-            return False
-        for due, key in sorted(timeouts):
-            if due > now_ms:
-                break
+        for _, key in due:
             reservation = self._reservation(key)
             if reservation is not None and reservation.copy:
                 self._unreserve(key, reservation, names.step_id(key, "copyexpired", self.proc.partition), offset,

@@ -7,6 +7,8 @@ tests/engine/test_interleavings.py shuffles it.
 """
 from __future__ import annotations
 
+import pytest
+
 from streams import routing
 from tests.helpers.bus import Bus, Crash, assert_books_balance
 from tests.helpers.records import N, command, tx
@@ -196,3 +198,60 @@ def test_a_command_id_with_slashes_goes_through_both_phases():
     assert (bus.account(x), bus.account(y), bus.account("sys:fees:USD")) == ((895, 0), (100, 0), (5, 0))
     assert not [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/r/")], "a reservation is left"
     assert_books_balance(bus, ("USD",))
+
+
+def _copy_only(legacy: bool):
+    """A payment whose producer wrote only its copy (the coordinator never gets it): the copy's partition
+    reserves its share (a debit held, a credit counted) and waits spanning.COPY_WAIT_MS of log time for the
+    Reserve. legacy: the wait recorded as versions before the index did, in one list record (``o``)."""
+    from streams import placement
+    from streams.inflight import copy_due_key
+    from streams.routing import ENGINE_CLIENT
+    from streams.spanning import COPY_TIMEOUTS, COPY_WAIT_MS
+    from tests.helpers.bus import C
+    from tests.helpers.records import local_users, open_account
+    x, (d, y) = local_users(1, partition=0)[0], local_users(2, partition=1)
+    bus = Bus()
+    for account in (x, d, y):
+        bus.send(open_account(account), account)
+    bus.send(tx("dep", [("sys:world:USD", -1_000, None, None), (d, 1_000, None, None)], kind="deposit"), d)
+    bus.run()
+    record, partitions = placement.placements(
+        C.decode("command", tx("pay", [(x, -5, None, None), (d, -5, None, None), (y, 10, None, None)])), x, N)
+    assert partitions == [0, 1]
+    sent_at = bus.clock + 1
+    bus.send_to(1, C.encode("command", record), sent_at)  # the copy only
+    bus.run()
+    assert bus.account(d) == (1_000, 5), "the copy's debit is held"
+    due_key = copy_due_key(sent_at + COPY_WAIT_MS, "t/pay")
+    assert [k for k, _ in bus.stored(1, b"e/o")] == [b"e/" + due_key.encode()]
+    if legacy:
+        proc = bus.procs[1]
+        proc.state.begin_command()
+        proc.commit_change(ENGINE_CLIENT, "as-written-before", "", bus.position[1], {
+            "command_id": "as-written-before", "client_id": ENGINE_CLIENT, "outcome": "accepted", "reason": None,
+            "detail": "", "duplicate": False, "transaction_id": None, "at_ms": sent_at, "holds": []},
+            records=[(COPY_TIMEOUTS, [[sent_at + COPY_WAIT_MS, "t/pay"]]), (due_key, None)])
+        bus.changelogs[1].extend(proc.take()[1])
+        proc.state.commit(len(bus.changelogs[1]))
+        assert [k for k, _ in bus.stored(1, b"e/o")] == [b"e/o"]
+    return bus, sent_at + COPY_WAIT_MS, d, y
+
+
+def _open_at(bus: Bus, at_ms: int) -> None:
+    from tests.helpers.records import local_users, open_account
+    z = local_users(3, partition=1)[2]
+    bus.send(open_account(z, client=f"c{at_ms}"), z, at_ms=at_ms)
+    bus.run()
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["indexed", "list-of-earlier-versions"])
+def test_a_copy_whose_reserve_never_comes_is_dropped_when_its_wait_ends_even_after_a_rebuild(legacy):
+    bus, due, d, y = _copy_only(legacy)
+    _open_at(bus, due - 1)
+    assert bus.account(d) == (1_000, 5), "still waiting one millisecond before its due time"
+    bus.crash_restore(1, fresh_store=True)  # the wait is rebuilt from the changelog
+    _open_at(bus, due)
+    assert bus.result("t/pay~copyexpired~1")["outcome"] == "accepted"
+    assert (bus.account(d), bus.account(y)) == ((1_000, 0), (0, 0))
+    assert not bus.stored(1, b"e/"), "no reservation, count or wait is left"
