@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lock install broker broker-stop topics run demo test test-long test-core bench bench-client bench-read bench-restore bench-memory soak-memory bench-core soak faults clean mutate fuzz
+.PHONY: lock install broker broker-stop topics run demo test test-long test-core bench bench-scale bench-client bench-read bench-restore bench-memory soak-memory bench-core soak faults clean mutate fuzz
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -65,6 +65,10 @@ fuzz: install
 
 bench: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/engine_bench.py
+
+# Throughput with 1, 2 and 4 workers on a 3-node cluster of its own (scripts/bench-scale.sh).
+bench-scale: install
+	scripts/bench-scale.sh $(BENCH_ARGS)
 
 bench-client: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/client_bench.py

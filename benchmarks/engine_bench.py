@@ -200,6 +200,35 @@ def compare(count: int, batch: int, rate: float, seconds: float) -> list[str]:
     return lines
 
 
+def scale(counts: list[int], count: int, batch: int) -> list[str]:
+    """Throughput with 1, 2, 4, ... worker processes sharing the partitions of one fresh set of topics each
+    (the group rebalances as each worker joins; accounts are opened after the last one is ready)."""
+    from confluent_kafka.admin import AdminClient
+    brokers = len(AdminClient({"bootstrap.servers": bootstrap()}).list_topics(timeout=10).brokers)
+    lines = [f"scale-out ({brokers} broker(s), {count} commands per throughput run, {batch} per CommandBatch "
+             f"when batched):"]
+    for n in counts:
+        settings = fresh_settings(bootstrap())
+        workers = [Worker(settings, Path(tempfile.mkdtemp(prefix="bench-")), f"scale{n}-{i}",
+                          session_timeout_s=30).start() for i in range(n)]
+        try:
+            client = LedgerClient(settings, "bench")
+            gen = LoadGenerator(client, seed=1, mix=Mix(users=2000, invalid=0.02), run_id=f"s{n}")
+            client.wait(gen.open_accounts(), 180)
+            single, _ = throughput(client, gen, count, 1)
+            batched, _ = throughput(client, gen, count, batch)
+            lines.append(f"  {n} worker(s), {settings.partitions // n if n <= settings.partitions else 0}"
+                         f"-{-(-settings.partitions // n)} partitions each: {single:6.0f} commands/s one per "
+                         f"record, {batched:6.0f} batched")
+            print(lines[-1], flush=True)
+            client.close()
+        finally:
+            for w in workers:
+                w.stop()
+            drop(settings)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=30000, help="commands for each throughput run")
@@ -211,7 +240,11 @@ def main() -> None:
     parser.add_argument("--compare-count", type=int, default=10000,
                         help="commands per throughput run of the comparison with and without transactions")
     parser.add_argument("--only-compare", action="store_true", help="run the comparison (5.) alone")
+    parser.add_argument("--scale", help="only the scale-out runs: worker counts, comma-separated (e.g. 1,2,4)")
     args = parser.parse_args()
+    if args.scale:
+        print("\n".join(scale([int(n) for n in args.scale.split(",")], args.count, args.batch)))
+        return
     if args.only_compare:
         print("\n".join(compare(args.compare_count, args.batch, 300, args.seconds)))
         return
