@@ -474,6 +474,9 @@ class PartitionProcessor:
         # unique per command, so ids derived from it are too.
         self.position = ""
         self._homes: dict[str, int | None] = {}
+        # The fingerprints of the last few commands asked about, by identity (each kept with its command, so an
+        # id is not reused meanwhile): a transaction's steps ask for its fingerprint several times.
+        self._fingerprints: dict[int, tuple[core.Command, str]] = {}
         self.spanning = Spanning(self)
         self.linking = Linking(self)
         # (command kind, outcome, reason) -> count of results emitted; read and reset by the engine (metrics).
@@ -701,7 +704,7 @@ class PartitionProcessor:
         stored = self.state.change_record(command.client_id, command.command_id)
         if stored is None:
             return False
-        if stored["fingerprint"] == command.fingerprint():
+        if stored["fingerprint"] == self.fingerprint(command):
             self.answer_again(stored)
         else:
             self.reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
@@ -827,13 +830,22 @@ class PartitionProcessor:
                                  f"the limit is {limits.OUTPUT_RECORD_BYTES}")
         self.outputs.append(output)
 
+    def fingerprint(self, command: core.Command) -> str:
+        """command.fingerprint() (commands are frozen values: computed once for the last few asked about)."""
+        known = self._fingerprints.get(id(command))
+        if known is None or known[0] is not command:
+            if len(self._fingerprints) >= 16:
+                self._fingerprints.clear()
+            known = self._fingerprints[id(command)] = (command, command.fingerprint())
+        return known[1]
+
     # Execution and outputs ---------------------------------------------------------------------------------
     def execute(self, command: core.Command, offset: int, as_sent: core.Command | None = None,
                 records: list[tuple[str, Any]] = ()) -> Result:
         """Decide and stage one command. as_sent: the command as the client sent it, before routing
         rewrote system accounts to their shards; its fingerprint is the one a retry is compared with.
         records: engine records written in the same StateChange (see commit_change)."""
-        fingerprint = (as_sent or command).fingerprint()
+        fingerprint = self.fingerprint(as_sent or command)
         result, changes = core.execute(self.state, command, self.currencies, fingerprint)
         if changes.processed is None:  # duplicate or conflict found by the core itself
             self.emit_result(result_to_wire(result, command.at_ms, None, []))
@@ -917,7 +929,7 @@ class PartitionProcessor:
         contention with transactions in flight): a decision like the core's, so it is remembered (P4). The
         command is given as sent: its fingerprint is what a retry is compared with."""
         wire = rejection_to_wire(command.command_id, command.client_id, command.at_ms, reason, limits.clip(detail))
-        self.commit_change(command.client_id, command.command_id, command.fingerprint(), self._offset, wire)
+        self.commit_change(command.client_id, command.command_id, self.fingerprint(command), self._offset, wire)
         if isinstance(command, core.PostTransaction) and command.client_id != ENGINE_CLIENT and \
                 placement.is_placed(command.metadata):
             self.spanning.cancel_copies(command)

@@ -56,6 +56,7 @@ COPY_WAIT_MS = 300_000
 COPY_TIMEOUTS = "o"
 WAITING = "w"  # engine record: the commands waiting for transactions in flight, in arrival order
 WAITING_LIMIT = 1_000  # beyond it a command that would wait is refused in_flight
+_MEMO_SIZE = 16  # values kept by the identity memos below (Spanning.plan, Spanning._transaction)
 
 
 def _most_urgent(failures: list[tuple[Rejection, str]]) -> tuple[Rejection, str]:
@@ -91,6 +92,10 @@ class Spanning:
         # (the earlier versions' list of copies' timeouts as decoded, its earliest due): the state decodes an
         # engine record once until it is written, so the same object means the same timeouts.
         self._earliest: tuple[Any, int] = (None, 0)
+        # The plans and decoded transactions of the last few values asked about, by identity (the values are
+        # kept here, so an id is not reused meanwhile): one step asks for the same ones several times.
+        self._plans: dict[int, tuple[core.PostTransaction, placement.Plan]] = {}
+        self._transactions: dict[int, tuple[dict, str, str, int, core.PostTransaction]] = {}
 
     @property
     def state(self):
@@ -106,7 +111,14 @@ class Spanning:
 
     def plan(self, tx: core.PostTransaction) -> placement.Plan:
         """Where the transaction's legs live and who coordinates (streams/placement.py)."""
-        return placement.plan([(leg.account_id, leg.amount) for leg in tx.legs], self.proc.home)
+        known = self._plans.get(id(tx))
+        if known is not None and known[0] is tx:
+            return known[1]
+        if len(self._plans) >= _MEMO_SIZE:
+            self._plans.clear()
+        where = placement.plan([(leg.account_id, leg.amount) for leg in tx.legs], self.proc.home)
+        self._plans[id(tx)] = (tx, where)
+        return where
 
     def _key_in(self, tx: core.PostTransaction, partition: int) -> str:
         """The routing key of a step sent to `partition`: one of the transaction's accounts there."""
@@ -166,7 +178,7 @@ class Spanning:
         key = names.transaction_key(tx.client_id, tx.command_id)
         pending = self._in_flight(key)
         if pending is not None:  # a retry while in flight: answered when decided
-            if pending.fingerprint not in (None, tx.fingerprint()):
+            if pending.fingerprint not in (None, proc.fingerprint(tx)):
                 proc.reject(tx.command_id, tx.client_id, tx.at_ms, Rejection.ID_CONFLICT,
                              f"command {tx.command_id} of {tx.client_id} was already used with another payload")
                 return
@@ -190,7 +202,7 @@ class Spanning:
             proc.reject_command(tx, *min(invalid))
             return
         participants = list(self.plan(tx).participants)
-        record = InFlight.begun(command_to_wire(tx)["body"][1], tx.at_ms, participants, tx.fingerprint())
+        record = InFlight.begun(command_to_wire(tx)["body"][1], tx.at_ms, participants, proc.fingerprint(tx))
         own: list[tuple[str, Any]] = []
         for p in participants:
             body = {"transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
@@ -304,14 +316,14 @@ class Spanning:
         reservation = self._reservation(key)
         failure: tuple[Rejection, str] | None = None
         records: list[tuple[str, Any]] = []
-        if reservation is not None and reservation.copy == tx.fingerprint():
+        if reservation is not None and reservation.copy == proc.fingerprint(tx):
             # Reserved already at the position of the producer's own copy: that is this partition's vote.
             records = [(reservation_key(key), reservation.confirmed().to_json()), *self._without_timeout(key)]
         else:
             if reservation is not None and reservation.copy:  # a copy of another payload: undone
                 self._unreserve(key, reservation, names.step_id(key, "uncopy", proc.partition), offset, at_ms)
             stored = state.change_record(ENGINE_CLIENT, copy_id)
-            copied = stored is not None and stored["fingerprint"] == tx.fingerprint() and \
+            copied = stored is not None and stored["fingerprint"] == proc.fingerprint(tx) and \
                 self.proc.codec.decode("result", stored["result"])
             if copied and copied["outcome"] == "rejected":  # the copy could not reserve: that is the vote
                 failure = Rejection.from_code(copied["reason"]), copied["detail"]
@@ -432,7 +444,7 @@ class Spanning:
         reservation = Reservation(holds=tuple((h, a, n) for h, a, n in placed),
                                   locks=tuple((h, a, n) for h, (a, n) in locks.items()),
                                   credits=tuple(credits.items()), at_ms=at_ms, tx=command_to_wire(tx)["body"][1],
-                                  tag=tag, copy=tx.fingerprint() if copy else None)
+                                  tag=tag, copy=proc.fingerprint(tx) if copy else None)
         records.append((reservation_key(key), reservation.to_json()))
         return None, records
 
@@ -505,7 +517,7 @@ class Spanning:
         if late or self.refusal(tx) is not None:
             # Reserved or decided already (the coordinator's step came first), or a command the coordinator
             # refuses: nothing to reserve here.
-            proc.commit_change(ENGINE_CLIENT, copy_id, tx.fingerprint(), offset,
+            proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset,
                                _accepted(copy_id, tx.at_ms, "nothing to reserve"))
             return
         failure, records = self._reserve_share(key, tx, offset, tx.at_ms, copy=True)
@@ -515,7 +527,7 @@ class Spanning:
         else:
             wire = rejection_to_wire(copy_id, ENGINE_CLIENT, tx.at_ms, failure[0],
                                      limits.clip(failure[1], VOTE_DETAIL_CHARS))
-        proc.commit_change(ENGINE_CLIENT, copy_id, tx.fingerprint(), offset, wire, records=records)
+        proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset, wire, records=records)
 
     def _without_timeout(self, key: str) -> list[tuple[str, Any]]:
         """The engine records that end the wait of a copy's reservation for transaction key T (none if none)."""
@@ -740,7 +752,7 @@ class Spanning:
         elif failures:
             reason, detail = _most_urgent(failures)
             wire = rejection_to_wire(tx.command_id, tx.client_id, at_ms, reason, detail)
-            proc.commit_change(tx.client_id, tx.command_id, tx.fingerprint(), offset, wire)
+            proc.commit_change(tx.client_id, tx.command_id, proc.fingerprint(tx), offset, wire)
             result_wire = wire
         else:
             # Every participant reserved its legs: the commits cannot be refused, so this is the outcome.
@@ -750,7 +762,7 @@ class Spanning:
                            "reason": settlement.LATE_SETTLEMENT if late else None,
                            "detail": LATE_DETAIL if late else "", "duplicate": False,
                            "transaction_id": tx.transaction_id, "at_ms": at_ms, "holds": []}
-            proc.commit_change(tx.client_id, tx.command_id, tx.fingerprint(), offset, result_wire)
+            proc.commit_change(tx.client_id, tx.command_id, proc.fingerprint(tx), offset, result_wire)
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
                            records=[(coordinator_key(key), None)])  # decided: the record ends
         for _ in range(pending.retries):
@@ -881,5 +893,14 @@ class Spanning:
                                            client_id=ENGINE_CLIENT, at_ms=at_ms, hold_id=hold_id), offset)
 
     def _transaction(self, body: dict, at_ms: int) -> core.PostTransaction:
-        return command_from_wire(command_record(body["transaction_client_id"], body["transaction_command_id"],
-                                                "PostTransaction", body["transaction"]), at_ms)
+        """The transaction a step's body carries (its wire body, as decoded from a command or engine record:
+        never changed in place, so the same object is the same transaction)."""
+        wire, client_id, command_id = body["transaction"], body["transaction_client_id"], body["transaction_command_id"]
+        known = self._transactions.get(id(wire))
+        if known is not None and known[0] is wire and known[1:4] == (client_id, command_id, at_ms):
+            return known[4]
+        if len(self._transactions) >= _MEMO_SIZE:
+            self._transactions.clear()
+        tx = command_from_wire(command_record(client_id, command_id, "PostTransaction", wire), at_ms)
+        self._transactions[id(wire)] = (wire, client_id, command_id, at_ms, tx)
+        return tx
