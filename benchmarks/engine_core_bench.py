@@ -2,15 +2,20 @@
 
 The real Engine and PartitionProcessors, with a real RocksDB per partition (rocksdict, in a temporary
 directory), are fed pre-encoded CommandBatch records the way the asyncio client sends them (the workload of
-`make bench-client`: two-leg transfers among 1,000 users over 8 partitions, so most transfers cross
-partitions and cost a debit here plus a credit there). Instead of Kafka, each partition's transactional
-producer is a null producer that keeps the records in memory and numbers them like a log; the follow-up
-commands a batch writes (the cross-partition credits, sealed) are fed back as records of the next batch,
-as the commands topic would deliver them. What librdkafka itself costs per record (its produce call,
-compression, the network) is therefore not counted: that is the Kafka part, measured by `make bench`.
+`make bench-client`: two-leg transfers among 1,000 users over 8 partitions, placed as the client places them:
+a transfer whose payee lives in another partition goes to its coordinator and a copy to the payee's
+partition). Instead of Kafka, each partition's transactional producer is a null producer that keeps the
+records in memory and numbers them like a log; the follow-up commands a batch writes (the two-phase
+protocol's Reserve, Vote and Decide, sealed) are fed back as records of the next batch, as the commands
+topic would deliver them, until none are left. So a transfer across partitions runs every step the real
+worker runs (streams/spanning.py): at the coordinator the payer's internal hold, the begin, the decision
+(the client's result), the vote that completes it, its own share's commit and decide step; at the payee's
+partition the copy's reservation, the Reserve, its commit and decide step. Each step is a decided command
+(a StateChange, a result). What librdkafka itself costs per record (its produce call, compression, the
+network) is not counted: that is the Kafka part, measured by `make bench` and `make bench-client`.
 
-Printed: µs of worker CPU per decided command (a client transfer's debit and its credit are two decided
-commands), split by phase:
+Printed: µs of worker CPU per client transfer and per decided command, the decided commands per transfer by
+step, records written per transfer, and the time split by phase:
 
     decode   Codec.decode (command batches, commands, inbox entries read back)
     read     reads of the partition's RocksDB (PartitionState._get)
@@ -79,12 +84,25 @@ class NullLog:
         self.ends: Counter = Counter()
         self.follow_ups: list[CommandRecord] = []
         self.records: Counter = Counter()  # records written per topic
+        self.steps: Counter = Counter()  # results written per step of the protocol (step_of)
 
     def append(self, topic: str, partition: int) -> int:
         offset = self.ends[(topic, partition)]
         self.ends[(topic, partition)] = offset + 1
         self.records[topic] += 1
         return offset
+
+
+def step_of(result_key: bytes) -> str:
+    """Which step a result answers, by its key (client_id/command_id): a client's own command, or an engine
+    step (names.step_id: <transaction key>~<step>~<where>; an internal hold's id holds "~hold~")."""
+    client_id, _, command_id = result_key.decode().partition("/")
+    if client_id != routing.ENGINE_CLIENT:
+        return "client's command"
+    if "~hold~" in command_id:
+        return "internal hold"
+    parts = command_id.split("~")
+    return parts[1] if len(parts) > 1 else command_id.split(":")[0]
 
 
 class NullProducer:
@@ -99,6 +117,8 @@ class NullProducer:
 
     def produce(self, topic, value=None, key=None, partition=-1, on_delivery=None, timestamp=0, headers=None):
         offset = self.log.append(topic, partition)
+        if topic.endswith(".results"):
+            self.log.steps[step_of(key)] += 1
         if topic == self.log.commands_topic:
             self.log.follow_ups.append(CommandRecord(partition, offset, timestamp, key, value, headers))
         if on_delivery is not None:
@@ -291,17 +311,21 @@ def calibration_us() -> float:
     return (time.process_time() - began) / 2000 * 1e6
 
 
-def measure(bench: Bench, start: int, count: int, in_flight: int) -> tuple[float, int, dict[str, int]]:
-    """(seconds, decided commands, records written per topic) for count transfers."""
+def measure(bench: Bench, start: int, count: int, in_flight: int
+            ) -> tuple[float, int, dict[str, int], dict[str, int]]:
+    """(seconds, decided commands, records written per topic, decided commands per step) for count transfers."""
     results_before = bench.log.records["corebench.results"]
     written_before = Counter(bench.log.records)
+    steps_before = Counter(bench.log.steps)
     gc.collect()
     began = time.process_time()
     bench.transfers(start, count, in_flight)
     elapsed = time.process_time() - began
     written = Counter(bench.log.records)
     written.subtract(written_before)
-    return elapsed, bench.log.records["corebench.results"] - results_before, dict(written)
+    steps = Counter(bench.log.steps)
+    steps.subtract(steps_before)
+    return elapsed, bench.log.records["corebench.results"] - results_before, dict(written), +steps
 
 
 def main() -> None:
@@ -329,13 +353,13 @@ def main() -> None:
         # A warm-up run (caches, RocksDB memtables), then the timed run and the run with phase timers.
         bench.transfers(0, min(args.transfers, 5_000), args.in_flight)
         calibration = calibration_us()
-        elapsed, decided, written = measure(bench, 10**6, args.transfers, args.in_flight)
+        elapsed, decided, written, steps = measure(bench, 10**6, args.transfers, args.in_flight)
         calibration = (calibration + calibration_us()) / 2
         phases = Phases()
         if not args.no_phases:
             phases.install()
             try:
-                timed_elapsed, timed_decided, _ = measure(bench, 2 * 10**6, args.transfers, args.in_flight)
+                timed_elapsed, _, _, _ = measure(bench, 2 * 10**6, args.transfers, args.in_flight)
             finally:
                 phases.uninstall()
     finally:
@@ -346,24 +370,26 @@ def main() -> None:
     print(f"codec: {args.codec}; {args.transfers:,} client transfers among {args.users:,} users, "
           f"{PARTITIONS} partitions, "
           f"{args.in_flight:,} per engine batch, {args.per_record} per CommandBatch record")
-    print(f"decided commands: {decided:,} ({decided / args.transfers:.2f} per transfer: debits, credits)")
-    print(f"worker CPU per decided command: {per:6.1f} µs  ({decided / elapsed:,.0f} decided commands/s, "
-          f"{args.transfers / elapsed:,.0f} transfers/s)")
-    print(f"calibration sum(range(1000)): {calibration:.1f} µs CPU (about 8 on a quiet laptop core); per decided "
-          f"command {per / calibration:.1f} calibrations")
-    print("records written per decided command: " + ", ".join(
-        f"{topic.split('.', 1)[1]} {n / decided:.2f}" for topic, n in sorted(written.items())))
+    per_transfer = elapsed / args.transfers * 1e6
+    print(f"decided commands: {decided:,} ({decided / args.transfers:.2f} per transfer), by step per transfer: "
+          + ", ".join(f"{step} {n / args.transfers:.2f}" for step, n in steps.most_common()))
+    print(f"worker CPU per client transfer: {per_transfer:7.1f} µs  ({args.transfers / elapsed:,.0f} transfers/s)")
+    print(f"worker CPU per decided command: {per:6.1f} µs  ({decided / elapsed:,.0f} decided commands/s)")
+    print(f"calibration sum(range(1000)): {calibration:.1f} µs CPU (about 8 on a quiet laptop core); per transfer "
+          f"{per_transfer / calibration:.1f} calibrations, per decided command {per / calibration:.1f}")
+    print("records written per transfer: " + ", ".join(
+        f"{topic.split('.', 1)[1]} {n / args.transfers:.2f}" for topic, n in sorted(written.items())))
     if args.no_phases:
         return
-    total = timed_elapsed / timed_decided * 1e6
-    accounted = sum(phases.seconds.values()) / timed_decided * 1e6
-    print(f"by phase (a second run with timers: {total:.1f} µs per command; timers add their own cost):")
+    total = timed_elapsed / args.transfers * 1e6
+    accounted = sum(phases.seconds.values()) / args.transfers * 1e6
+    print(f"by phase (a second run with timers: {total:.1f} µs per transfer; timers add their own cost):")
     rows = dict(phases.seconds)
     order = ["decode", "read", "decide", "encode", "stage", "seal", "emit", "store"]
     rows["decide"] = 0.0
     for phase in order:
-        us = (total - accounted) if phase == "decide" else rows.get(phase, 0.0) / timed_decided * 1e6
-        print(f"  {phase:7s} {us:6.1f} µs  {us / total:5.1%}")
+        us = (total - accounted) if phase == "decide" else rows.get(phase, 0.0) / args.transfers * 1e6
+        print(f"  {phase:7s} {us:7.1f} µs per transfer  {us / total:5.1%}")
 
 
 if __name__ == "__main__":
