@@ -92,6 +92,20 @@ def test_status_commands_need_an_account(cls) -> None:
     assert (unknown.reason, unknown.detail) == (Rejection.UNKNOWN_ACCOUNT, "account nobody does not exist")
 
 
+@pytest.mark.parametrize("command", [
+    PlaceHold(command_id="h1", **BASE, hold_id="", account_id="a:USD", amount=5),
+    ReleaseHold(command_id="h2", **BASE, hold_id=""),
+    ExpireHold(command_id="h3", **BASE, hold_id=""),
+], ids=["place", "release", "expire"])
+def test_hold_commands_need_a_hold_id(command) -> None:
+    """An empty hold id is an invalid command, never a hold: placed, it could not be captured or released by
+    name; released or expired, it names nothing."""
+    ledger = run("open a:USD USD | ok")
+    result, changes = execute(ledger.state, command)
+    assert (result.reason, result.detail) == (Rejection.INVALID_COMMAND, "hold_id is empty")
+    assert not changes.holds and not changes.accounts
+
+
 def test_status_changes_are_events_with_both_statuses() -> None:
     ledger = run("open a:USD USD | ok")
     frozen, _ = execute(ledger.state, FreezeAccount(command_id="f", client_id="c", at_ms=7, account_id="a:USD"))

@@ -30,6 +30,14 @@ CASES = [
     ("two commands of the batch take the same money: the second is refused, so is the first",
      ["transfer t1 a:USD->b:USD 6.00 id=l1", "transfer t2 a:USD->c:USD 6.00 id=l2"],
      ["linked_failed", "insufficient_funds"], "a:USD=10.00 b:USD=0 c:USD=0"),
+    # each command is decided against everything the ones before it leave: a hold they placed, a transaction
+    # they posted
+    ("a later command captures a hold an earlier one placed",
+     ["hold h1 a:USD 4.00 id=l1", "capture t1 h1 a:USD->b:USD 4.00 id=l2"],
+     ["ok", "ok"], "a:USD=6.00/0 b:USD=4.00"),
+    ("a later command reverses a transaction an earlier one posted",
+     ["transfer t1 a:USD->b:USD 3.00 id=l1", "reverse r1 t1 a:USD id=l2"],
+     ["ok", "ok"], "a:USD=10.00 b:USD=0"),
 ]
 
 
@@ -39,6 +47,7 @@ def test_a_linked_batch_posts_all_or_nothing(name, batch, expected, balances) ->
     commands = [ledger._command(100 + i, text) for i, text in enumerate(batch)]
     decided = execute_linked(ledger.state, commands, ledger.currencies)
     assert [("ok" if r.accepted else r.reason.code) for r, _ in decided] == expected
+    assert all(r.events == () for r, _ in decided if not r.accepted)  # a refusal carries no events
     for result, changes in decided:
         ledger.state.commit(changes)
         if result.reason is Rejection.LINKED_FAILED:
@@ -71,6 +80,34 @@ def test_a_linked_batch_across_partitions_is_refused_and_remembered() -> None:
         ledger.state.commit(changes)
     assert all(r.duplicate for r, _ in refuse_all(ledger.state, commands, reason, detail))
     assert ledger.state.accounts["a:USD"].posted == 1000
+
+
+def test_an_id_the_failed_batch_holds_twice_with_two_payloads_is_an_id_conflict_without_events() -> None:
+    ledger = Ledger().run(SETUP)
+    commands = [ledger._command(100, "transfer t1 a:USD->b:USD 1.00 id=d1"),
+                ledger._command(101, "transfer t2 nobody:USD->b:USD 1.00 id=d2"),
+                ledger._command(102, "transfer t3 a:USD->c:USD 2.00 id=d1")]
+    decided = execute_linked(ledger.state, commands, ledger.currencies)
+    assert [r.reason for r, _ in decided] == [Rejection.LINKED_FAILED, Rejection.UNKNOWN_ACCOUNT,
+                                              Rejection.ID_CONFLICT]
+    assert all(r.events == () for r, _ in decided) and decided[2][1].is_empty
+
+
+def test_a_retry_of_a_batch_the_engine_rewrote_is_answered_from_the_inbox_when_it_failed() -> None:
+    """The engine may decide a rewritten command and compare retries with the fingerprint of what the client
+    sent (execute's fingerprint). A failed batch remembers every command under that fingerprint, the refused
+    one and the linked_failed ones alike, so the client's retry is a duplicate, not an id conflict."""
+    ledger = Ledger().run(SETUP)
+    commands = [ledger._command(100, "transfer t1 a:USD->b:USD 1.00 id=f1"),
+                ledger._command(101, "transfer t2 b:USD->c:USD 5.00 id=f2")]
+    sent = ["as-sent-f1", "as-sent-f2"]
+    decided = execute_linked(ledger.state, commands, ledger.currencies, sent)
+    assert [r.reason for r, _ in decided] == [Rejection.LINKED_FAILED, Rejection.INSUFFICIENT_FUNDS]
+    for _, changes in decided:
+        ledger.state.commit(changes)
+    again = execute_linked(ledger.state, commands, ledger.currencies, sent)
+    assert [(r.reason, r.duplicate) for r, _ in again] == [(Rejection.LINKED_FAILED, True),
+                                                           (Rejection.INSUFFICIENT_FUNDS, True)]
 
 
 def test_a_command_without_an_id_is_answered_but_not_remembered() -> None:

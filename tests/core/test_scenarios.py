@@ -212,6 +212,10 @@ transfer e1 a:ETH->b:ETH 0.00000000000000001 | ok
     # rules, not the two-leg fast path).
     largest = dataclasses.replace(beyond, legs=(Leg("a:ETH", leg - 1), Leg("b:ETH", -(leg - 2)), Leg("b:ETH", -1)))
     assert execute(ledger.state, largest)[0].accepted
+    # and so is a debit leg of exactly -(2**127-1)
+    largest_debit = dataclasses.replace(beyond, legs=(Leg("b:ETH", -(leg - 1)), Leg("a:ETH", leg - 2),
+                                                      Leg("a:ETH", 1)))
+    assert execute(ledger.state, largest_debit)[0].accepted
 
 
 def test_a_hold_may_use_the_overdraft_limit_and_no_more() -> None:
@@ -329,6 +333,9 @@ tx fx2 u:EUR=-1.00 sys:fx:USD=1.00 kind=fx                                      
 """)
     posted = ledger.results[7].events[0]
     assert isinstance(posted, TransactionPosted) and posted.rate_snapshot_id == "snap-7"
+    # every account's history entry of the conversion names the rate it used (the audit trail of each leg)
+    entries = [h for h in ledger.state.history if h.transaction_id == "fx1"]
+    assert len(entries) == 4 and {h.rate_snapshot_id for h in entries} == {"snap-7"}
 
 
 def test_reversal_mirrors_and_links() -> None:
@@ -549,6 +556,7 @@ register USD 2                     | currency_exists
 register JPY 2                     | currency_conflict
 register XA:U 2                    | invalid_command
 register BIG 37                    | invalid_command
+register XJP 0                     | ok
 register XAG 3 id=r-xag            | ok
 register XAG 3 id=r-xag            | ok dup
 """)
@@ -719,6 +727,19 @@ tx s1 u:USD@h1=-60.00:USD u:USD@h2=-30.00 world:USD=90.00 meta=ledger.settlement
     (posted,) = [e for e in ledger.results[-1].events if isinstance(e, TransactionPosted)]
     assert [(leg.account_id, leg.amount, leg.hold_id, leg.currency) for leg in posted.legs if leg.hold_id == "h1"] == [
         ("u:USD", -1000, "h1", "USD"), ("u:receivable.USD", -5000, "h1", "USD")]
+
+
+def test_a_return_that_passes_its_own_checks_is_still_judged_by_the_ordinary_rules() -> None:
+    """A return is a transaction: its payee's account frozen, it is refused account_frozen like any debit of
+    it, and nothing moves: no receivable is opened for what the payee spent, the payment is not marked
+    returned."""
+    ledger = run(RETURNS + f"""
+transfer s1 v:USD->shop:USD 6.00                          | ok             | v:USD=4.00
+freeze v:USD                                              | ok
+tx r1 v:USD=-4.00 u:USD=4.00 kind=return {R}p1            | account_frozen | v:USD=4.00 u:USD=90.00
+tx r2 v:USD=-10.00 u:USD=10.00 kind=return {R}p1          | account_frozen | v:USD=4.00 u:USD=90.00
+""")
+    assert ledger.state.transactions["p1"].returned == 0 and "v:receivable.USD" not in ledger.state.accounts
 
 
 def test_only_a_debit_leg_may_name_a_hold_even_the_smallest_credit() -> None:
