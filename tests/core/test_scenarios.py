@@ -99,6 +99,7 @@ def test_duplicate_and_conflict_produce_no_changes() -> None:
     other = ledger._command(51, "transfer t1 buyer:USDT->seller:USDT 6 id=x")
     conflict, nothing = execute(ledger.state, other)
     assert conflict.reason is Rejection.ID_CONFLICT and nothing.is_empty
+    assert conflict.events == () and (conflict.command_id, conflict.client_id) == ("x", "test")
 
 
 def test_id_conflict_changes_nothing() -> None:
@@ -422,6 +423,8 @@ def test_empty_ids_are_invalid_and_not_remembered() -> None:
     state = MemoryState()
     result, changes = execute(state, ReleaseHold(command_id="", client_id="a", at_ms=1, hold_id="h"))
     assert result.reason is Rejection.INVALID_COMMAND and changes.is_empty
+    # still answered to the client that sent it, under the id it gave, with no events
+    assert (result.command_id, result.client_id, result.events) == ("", "a", ())
     result, changes = execute(state, ReleaseHold(command_id="c", client_id="a", at_ms=1, hold_id="h"))
     assert result.reason is Rejection.UNKNOWN_HOLD and changes.processed is not None
     assert not changes.accounts and not changes.holds and not changes.history
