@@ -771,22 +771,24 @@ class Spanning:
             if p != proc.partition:
                 self._send(key, "Decide", p, self._key_in(tx, p), at_ms, {
                     "transaction_client_id": client_id, "transaction_command_id": tx_command_id, "commit": commit})
-        self._decide_own(key, offset, at_ms)
+        self._decide_own(key, offset, at_ms, commit)
 
-    def _decide_own(self, key: str, offset: int, at_ms: int) -> None:
+    def _decide_own(self, key: str, offset: int, at_ms: int, commit: bool | None = None) -> None:
         """The coordinator's own share, committed or released in place once the transaction is decided (no
         Decide to itself), after the vote that ends the in-flight record: a client's retry woken by it is
-        then answered from the inbox. Called again by a redelivered final vote, it completes what a crash cut."""
+        then answered from the inbox. Called again by a redelivered final vote, it completes what a crash cut.
+        commit: the decision, when the caller has just made or read it (else it is read from the inbox)."""
         decide_id = names.step_id(key, "decide", self.proc.partition)
         if self.state.change_record(ENGINE_CLIENT, decide_id) is not None or self._reservation(key) is None \
                 or self._in_flight(key) is not None:
             return  # done, nothing reserved here, or not decided yet
         client_id, tx_command_id = key.split("/", 1)
-        decided = self.state.change_record(client_id, tx_command_id)
-        if decided is None:
-            return
-        body = {"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
-                "commit": self.proc.codec.decode("result", decided["result"])["outcome"] == "accepted"}
+        if commit is None:
+            decided = self.state.change_record(client_id, tx_command_id)
+            if decided is None:
+                return
+            commit = self.proc.codec.decode("result", decided["result"])["outcome"] == "accepted"
+        body = {"transaction_client_id": client_id, "transaction_command_id": tx_command_id, "commit": commit}
         self._decide(key, decide_id, _fingerprint("Decide", body), body, offset, at_ms)
 
     def _decide(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int) -> None:
