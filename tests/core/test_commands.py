@@ -63,8 +63,9 @@ def test_reversal_of_mirrors_every_leg_and_keeps_only_what_it_should() -> None:
         command_id="rc", client_id="ops", at_ms=99, transaction_id="r1", kind="reversal", reference="ref-1",
         links=("t1",), metadata=(), occurred_at_ms=None, rate_snapshot_id="rate-9",
         legs=(Leg("a:USD", 10, None, "USD"), Leg("b:USD", -4), Leg("a:USD", -6), Leg("c:USD", 0)))
-    own = reversal_of(TX, transaction_id="r2", command_id="rc2", client_id="ops", at_ms=99, reference="mine")
-    assert own.reference == "mine"
+    own = reversal_of(TX, transaction_id="r2", command_id="rc2", client_id="ops", at_ms=99, reference="mine",
+                      occurred_at_ms=42)
+    assert (own.reference, own.occurred_at_ms) == ("mine", 42)  # the reversal's own business time, if given
 
 
 def test_decide_is_execute_without_writes() -> None:

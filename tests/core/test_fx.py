@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.core.fx import judge_conversion
+from streams.core.fx import judge_conversion, judge_snapshot
 from streams.core.model import RateSnapshot
 from streams.core.rejections import Rejection
 
@@ -56,3 +56,9 @@ def test_an_fx_refusal_names_what_the_rate_pays(snapshot, legs, refusal) -> None
     else:
         assert judged is not None and judged[0] is Rejection.AMOUNT_OFF_RATE
         assert judged[1].endswith(refusal), judged[1]
+
+
+def test_a_snapshot_for_other_currencies_names_both_pairs() -> None:
+    """rate_mismatch says which pair the snapshot is for and which currencies the legs are in."""
+    judged = judge_snapshot(EXACT, "s1", 0, ["JPY", "USD", "JPY"])
+    assert judged == (Rejection.RATE_MISMATCH, "rate snapshot s1 is for USD/EUR, the legs are in JPY/USD")

@@ -745,6 +745,31 @@ tx r2 v:USD=-10.00 u:USD=10.00 kind=return {R}p1          | account_frozen | v:U
     assert ledger.state.transactions["p1"].returned == 0 and "v:receivable.USD" not in ledger.state.accounts
 
 
+def test_a_payee_that_may_go_negative_returns_from_its_own_account_and_a_return_is_never_returned() -> None:
+    """Only an account held to its floor overdraws a return into a receivable: one that may go negative (a
+    merchant's settlement account here) pays it all itself. A return (two legs, payee back to payer) is not a
+    payment: it cannot be returned in turn."""
+    ledger = run(RETURNS + f"""
+transfer p2 u:USD->shop:USD 20.00 kind=payment                 | ok | u:USD=70.00 shop:USD=20.00
+transfer s1 shop:USD->world:USD 50.00                          | ok | shop:USD=-30.00
+tx r1 shop:USD=-20.00 u:USD=20.00 kind=return {R}p2            | ok | shop:USD=-50.00 u:USD=90.00
+tx r2 v:USD=-4.00 u:USD=4.00 kind=return {R}p1                 | ok | v:USD=6.00 u:USD=94.00
+tx x1 u:USD=-4.00 v:USD=4.00 kind=return {R}r2                 | not_returnable | v:USD=6.00 u:USD=94.00
+""")
+    assert "shop:receivable.USD" not in ledger.state.accounts
+    assert ledger.results[-1].detail == "transaction r2 is not a payment from one account to another (it is a return)"
+
+
+def test_a_return_overdrawn_into_the_receivable_keeps_the_currency_its_legs_state() -> None:
+    ledger = run(RETURNS + f"""
+transfer s1 v:USD->world:USD 6.00                                      | ok | v:USD=4.00
+tx r1 v:USD=-10.00:USD u:USD=10.00:USD kind=return {R}p1               | ok | v:USD=0 v:receivable.USD=-6.00
+""")
+    (posted,) = [e for e in ledger.results[-1].events if isinstance(e, TransactionPosted)]
+    stated = {leg.account_id: (leg.amount, leg.currency) for leg in posted.legs}
+    assert (stated["v:USD"], stated["u:USD"]) == ((-400, "USD"), (1000, "USD"))
+
+
 def test_only_a_debit_leg_may_name_a_hold_even_the_smallest_credit() -> None:
     """A credit of one minor unit naming a hold is refused like any credit that names one (invalid_command)."""
     run("""
