@@ -52,8 +52,9 @@ from streams.wire import (
 CHANGELOG_OFFSET_KEY = b"m/changelog"
 # The highest offset of the commands topic whose effects the state holds (the source_offset of its StateChanges).
 APPLIED_OFFSET_KEY = b"m/applied"
-# Decoded account, hold and transaction records kept between batches, at most (streams/partition.py commit).
-DECODED_CACHE_LIMIT = int(os.environ.get("LEDGER_DECODED_CACHE", "100000"))
+# Decoded account, hold, transaction and engine records kept between batches, per partition, at most (commit,
+# record()): about 300 bytes a decoded hold and 130 an engine record, so 8 partitions keep tens of MiB.
+DECODED_CACHE_LIMIT = int(os.environ.get("LEDGER_DECODED_CACHE", "25000"))
 log = logging.getLogger("ledger.partition")
 
 

@@ -65,23 +65,49 @@ def chunk_key(n: int) -> bytes:
     return CHUNK_PREFIX + str(n).encode()
 
 
+class Chunker:
+    """The store's pairs (m/ keys left out) as chunks, one at a time: iterate it, then ask for the manifest.
+    A snapshot is the partition's whole state, which grows with history (the inbox keeps every command id), so
+    the writer holds one chunk, never the snapshot (streams/engine.py sends each chunk as it comes)."""
+
+    def __init__(self, pairs: Iterable[tuple[bytes, bytes]]):
+        self._pairs = pairs
+        self._digest = hashlib.sha256()
+        self.chunks = 0
+        self.pairs = 0
+        self.done = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        current = bytearray()
+        for key, value in self._pairs:
+            if key.startswith(META_PREFIX):
+                continue
+            framed = _LEN.pack(len(key)) + key + _LEN.pack(len(value)) + value
+            if current and len(current) + len(framed) > CHUNK_BYTES:
+                yield self._counted(bytes(current))
+                current = bytearray()
+            current += framed
+            self.pairs += 1
+        if current:
+            yield self._counted(bytes(current))
+        self.done = True
+
+    def _counted(self, chunk: bytes) -> bytes:
+        self._digest.update(_LEN.pack(len(chunk)))
+        self._digest.update(chunk)
+        self.chunks += 1
+        return chunk
+
+    def manifest(self, changelog_offset: int, covered: int) -> Manifest:
+        assert self.done, "the manifest covers every chunk: iterate them all first"
+        return Manifest(changelog_offset, covered, self.chunks, self.pairs, self._digest.hexdigest())
+
+
 def encode(pairs: Iterable[tuple[bytes, bytes]], changelog_offset: int, covered: int) -> tuple[Manifest, list[bytes]]:
-    """The store's pairs (m/ keys left out) as chunks, and their manifest."""
-    chunks: list[bytes] = []
-    current = bytearray()
-    count = 0
-    for key, value in pairs:
-        if key.startswith(META_PREFIX):
-            continue
-        framed = _LEN.pack(len(key)) + key + _LEN.pack(len(value)) + value
-        if current and len(current) + len(framed) > CHUNK_BYTES:
-            chunks.append(bytes(current))
-            current = bytearray()
-        current += framed
-        count += 1
-    if current:
-        chunks.append(bytes(current))
-    return Manifest(changelog_offset, covered, len(chunks), count, _digest(chunks)), chunks
+    """The store's pairs (m/ keys left out) as chunks, and their manifest, all at once (small stores, tests)."""
+    chunker = Chunker(pairs)
+    chunks = list(chunker)
+    return chunker.manifest(changelog_offset, covered), chunks
 
 
 def decode(manifest: Manifest, chunks: dict[int, bytes]) -> Iterator[tuple[bytes, bytes]]:

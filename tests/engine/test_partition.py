@@ -650,3 +650,19 @@ def test_what_a_transaction_returns_is_read_back_from_the_store():
         start_ms=1_700_000_001_000)
     (result,) = [C.decode("result", o.value) for o in outputs if o.topic == "results"]
     assert (result["outcome"], result["reason"]) == ("rejected", "not_reversible")
+
+
+def test_the_decoded_records_a_partition_keeps_are_bounded(monkeypatch):
+    """The decoded accounts, holds, transactions and engine records are a cache of the store: past
+    DECODED_CACHE_LIMIT entries a commit drops them, so a long-running worker keeps its working set, not every
+    hold and transaction key it met (each internal hold of a decided cross-partition transfer, for one)."""
+    from streams import partition as partition_module
+
+    monkeypatch.setattr(partition_module, "DECODED_CACHE_LIMIT", 10)
+    state = partition_module.PartitionState(MemoryStore())
+    for n in range(50):
+        assert state.hold(f"~t{n}~acct") is None and state.transaction(f"t{n}") is None
+        assert state.record(f"r/c/t{n}") is None
+    state.commit(1)
+    assert len(state._accounts) + len(state._holds) + len(state._transactions) <= 10
+    assert len(state._records) <= 11

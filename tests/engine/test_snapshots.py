@@ -54,6 +54,68 @@ def test_a_manifest_of_another_format_is_refused():
         snapshot.Manifest.decode(raw)
 
 
+def test_a_snapshot_is_written_one_chunk_at_a_time():
+    """The writer holds one chunk, never the snapshot: it has read only the first chunk's pairs (and the one
+    that did not fit) when it hands the first chunk on, and its manifest is the one of the whole."""
+    read = []
+
+    def store():
+        for pair in _pairs(5000):
+            read.append(pair)
+            yield pair
+
+    chunker = snapshot.Chunker(store())
+    chunks = iter(chunker)
+    first = next(chunks)
+    assert len(read) < 5000 and sum(8 + len(k) + len(v) for k, v in read[:-1]) == len(first)
+    rest = list(chunks)
+    manifest, whole = snapshot.encode(_pairs(5000), 40, 33)
+    assert [first, *rest] == whole and chunker.manifest(40, 33) == manifest
+
+
+class _Queue:
+    """librdkafka's local queue as the snapshot writer sees it: what was produced and not yet acknowledged;
+    each poll acknowledges one record."""
+
+    def __init__(self):
+        self.sent: list[tuple[bytes, bytes | None]] = []
+        self.unacknowledged = 0
+        self.most = 0
+
+    def produce(self, topic, value=None, key=None, partition=-1, **kwargs):
+        self.sent.append((key, value))
+        self.unacknowledged += 1
+        self.most = max(self.most, self.unacknowledged)
+
+    def poll(self, timeout=0):
+        self.unacknowledged = max(0, self.unacknowledged - 1)
+        return 1
+
+    def __len__(self):
+        return self.unacknowledged
+
+
+def test_a_worker_queues_a_few_chunks_of_a_snapshot_not_the_snapshot(tmp_path):
+    """A snapshot is the whole state, which grows with history: the worker waits for acknowledgements while it
+    writes one, so librdkafka holds at most SNAPSHOT_CHUNKS_QUEUED chunks (and the one just sent) at a time."""
+    from streams import engine as engine_module
+    from streams.config import Settings
+
+    engine = engine_module.Engine(Settings(bootstrap="127.0.0.1:1", prefix="snapq.", partitions=1), tmp_path)
+    try:
+        store = engine.processor(0).state.store
+        store.write({f"i/{n:06d}".encode(): bytes([n % 251]) * 600 for n in range(20_000)}, set())
+        queue = _Queue()
+        engine._send_snapshot(0, queue, 123)
+        chunks = {int(k[len(snapshot.CHUNK_PREFIX):]): v for k, v in queue.sent if k.startswith(snapshot.CHUNK_PREFIX)}
+        manifest = snapshot.Manifest.decode(dict(queue.sent)[snapshot.MANIFEST_KEY])
+        assert manifest.chunks == len(chunks) > 2 * engine_module.SNAPSHOT_CHUNKS_QUEUED
+        assert queue.most <= engine_module.SNAPSHOT_CHUNKS_QUEUED + 1
+        assert dict(snapshot.decode(manifest, chunks)) == dict(store.scan(b""))
+    finally:
+        engine.close()
+
+
 # --- a worker that lost its state, on the broker -------------------------------------------------------------------
 def test_a_worker_without_state_restores_one_snapshot_and_the_tail(settings, start_worker):
     worker = start_worker(extra_env={"LEDGER_SNAPSHOT_EVERY": "60"})
