@@ -38,6 +38,9 @@ CASES = [
     ("a later command reverses a transaction an earlier one posted",
      ["transfer t1 a:USD->b:USD 3.00 id=l1", "reverse r1 t1 a:USD id=l2"],
      ["ok", "ok"], "a:USD=10.00 b:USD=0"),
+    ("a later command opens an account in a currency an earlier one registered",
+     ["register XAU 3 id=l1", "open vault:XAU XAU neg id=l2", "open b:XAU XAU id=l3"],
+     ["ok", "ok", "ok"], ""),
 ]
 
 

@@ -381,6 +381,21 @@ def test_precedence_follows_design_partial_order() -> None:
     assert values == sorted(values)
 
 
+def test_a_transaction_failing_in_several_stages_is_answered_by_its_earliest_stage() -> None:
+    """transaction_urgency is the order in which the rules judge a transaction's stages (the shell picks one
+    answer among several partitions' with it): shape and accounts, then the rate snapshot, then the balance per
+    currency, then the amounts against the rate, then funds, status and limits."""
+    from streams.core import transaction_urgency
+
+    stages = [Rejection.CURRENCY_MISMATCH, Rejection.UNKNOWN_RATE, Rejection.UNBALANCED, Rejection.AMOUNT_OFF_RATE,
+              Rejection.INSUFFICIENT_FUNDS]
+    assert sorted(reversed(stages), key=transaction_urgency) == stages
+    # the rules answer the same: unbalanced and naming an unknown snapshot is unknown_rate
+    run(FX + """
+tx x1 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.00 u:EUR=9.25 kind=fx rate=nope | unknown_rate | u:USD=100.00
+""")
+
+
 def test_replaying_events_rebuilds_identical_state() -> None:
     """P7: apply() over the accepted events, in order, rebuilds the same records and history."""
     from streams.core import MemoryState, apply
@@ -514,6 +529,20 @@ reverse r1 t1 buyer:USDT id=rev-1          | ok dup           | buyer:USDT=40000
     assert ledger.state.transactions["t1"].reversed_by == "r1"
     assert ledger.state.transactions["r1"].reversed_by is None and ledger.state.transactions["r1"].kind == "reversal"
     assert [e.kind for e in ledger.state.history_of("seller:USDT")][-1] == "reversal"
+
+
+def test_a_reversal_carries_the_reference_and_business_time_its_command_gives() -> None:
+    """A correction says why and when (ref, occurred); without a ref it keeps its original's."""
+    ledger = run(REVERSALS + """
+transfer t2 buyer:USDT->seller:USDT 1 kind=payment ref=order-2 | ok
+reverse r1 t1 buyer:USDT ref=refund-7 occurred=1234 | ok
+reverse r2 t2 buyer:USDT                            | ok
+""")
+    first, second = (ledger.results[i].events[0] for i in (-2, -1))
+    assert (first.reference, first.occurred_at_ms) == ("refund-7", 1234)
+    assert (second.reference, second.occurred_at_ms) == ("order-2", None)
+    entry = [h for h in ledger.state.history if h.transaction_id == "r1"][0]
+    assert (entry.reference, entry.occurred_at_ms) == ("refund-7", 1234)
 
 
 def test_a_reversal_is_refused_for_an_unknown_transaction_another_client_or_itself() -> None:
@@ -768,6 +797,18 @@ tx r1 v:USD=-10.00:USD u:USD=10.00:USD kind=return {R}p1               | ok | v:
     (posted,) = [e for e in ledger.results[-1].events if isinstance(e, TransactionPosted)]
     stated = {leg.account_id: (leg.amount, leg.currency) for leg in posted.legs}
     assert (stated["v:USD"], stated["u:USD"]) == ((-400, "USD"), (1000, "USD"))
+    # each leg keeps what its own sender stated: here the payer's leg states it, the payee's does not
+    ledger = run(RETURNS + f"""
+transfer s1 v:USD->world:USD 6.00                                      | ok | v:USD=4.00
+tx r1 v:USD=-10.00 u:USD=10.00:USD kind=return {R}p1                   | ok | v:USD=0 v:receivable.USD=-6.00
+""")
+    posted, returned = [e for e in ledger.results[-1].events if type(e).__name__ in ("TransactionPosted",
+                                                                                       "TransactionReturned")]
+    stated = {leg.account_id: leg.currency for leg in posted.legs}
+    assert (stated["v:USD"], stated["u:USD"]) == (None, "USD")
+    # the payment is marked returned at the return's log time
+    assert (returned.transaction_id, returned.returned_by, returned.amount) == ("p1", "r1", 1000)
+    assert returned.at_ms == posted.at_ms and type(returned.at_ms) is int
 
 
 def test_only_a_debit_leg_may_name_a_hold_even_the_smallest_credit() -> None:
