@@ -169,6 +169,23 @@ hold h1 a:USD 3                       | ok
     apply(ledger.state, (HoldReleased(hold_id="h1", account_id="a:USD", amount=300, at_ms=1),))
 
 
+def test_apply_refuses_to_open_an_account_or_place_a_hold_twice_in_one_stream() -> None:
+    """An account or a hold is created once: a stream (one batch of events, e.g. a corrupt log replayed)
+    that creates the same one twice trips apply's assertion, whether the first is stored or in the batch."""
+    from streams.core import AccountOpened, HoldPlaced, MemoryState
+
+    opened = AccountOpened(account_id="a:USD", currency="USD", routing_key="a", policy=AccountPolicy(), at_ms=1)
+    placed = HoldPlaced(hold_id="h1", account_id="a:USD", amount=1, expires_at_ms=None, at_ms=2)
+    with pytest.raises(AssertionError):
+        apply(MemoryState(), (opened, opened))
+    with pytest.raises(AssertionError):
+        apply(MemoryState(), (opened, placed, placed))
+    state = MemoryState()
+    state.commit(apply(state, (opened,)))
+    with pytest.raises(AssertionError):
+        apply(state, (opened,))
+
+
 @pytest.mark.parametrize("routing_key, accepted", [
     (None, True), ("user:42", True), ("", False), ("user:43", False), ("user:42:USD", False)])
 def test_an_account_routing_key_is_its_ids_owner_part_or_none(routing_key, accepted) -> None:
