@@ -77,6 +77,7 @@ ROWS = [
     ("hold-zero", line("hold h2 u:USD 1.00", amount=0), Rejection.INVALID_AMOUNT,
      "hold amount must be positive, got 0"),
     ("hold-exists", line("hold h1 u:USD 1.00"), Rejection.HOLD_EXISTS, "hold h1 already exists"),
+    ("hold-no-account", line("hold h2 u:USD 1.00", account_id=""), I, "account_id is empty"),
     ("release-unknown", line("release h9"), Rejection.UNKNOWN_HOLD, "hold h9 does not exist"),
     # rates
     ("rate-no-id", line("rate s1 USD EUR 0.9", snapshot_id=""), I, "snapshot_id is empty"),
@@ -89,3 +90,13 @@ def test_a_refusal_names_what_is_wrong(build, reason, detail) -> None:
     ledger = Ledger().run(SETUP)
     result = decide(ledger.state, build(ledger), ledger.currencies)
     assert (result.reason, result.detail) == (reason, detail)
+
+
+@pytest.mark.parametrize("limits", [dict(overdraft_limit=BIG - 1), dict(max_balance=BIG - 1),
+                                    dict(overdraft_limit=BIG - 1, max_balance=BIG - 1)],
+                         ids=["overdraft", "cap", "both"])
+def test_a_policy_limit_of_exactly_the_largest_amount_is_accepted(limits) -> None:
+    """2**127-1 is the largest amount: a limit of exactly it is in range (only beyond it is refused)."""
+    ledger = Ledger().run(SETUP)
+    result = decide(ledger.state, line("open w:USD USD", policy=policy(**limits))(ledger), ledger.currencies)
+    assert result.reason is None and result.outcome == "accepted", (result.reason, result.detail)

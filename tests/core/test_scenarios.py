@@ -721,6 +721,8 @@ tx x1 u:USD=-1.00 world:USD=1.00 kind=return {R}nope                      | unkn
 tx x2 u:USD=-1.00 world:USD=1.00 kind=return {R}d1 client=other           | client_mismatch
 tx x3 world:USD=-1.00 u:USD=1.00 kind=return {R}d1                        | not_returnable
 tx x4 v:USD=-1.00 u:USD=1.00 kind=return {R}d1                            | not_returnable
+tx x9 u:USD=-1.00 v:USD=1.00 kind=return {R}d1                            | not_returnable
+tx xa v:USD=-1.00 world:USD=1.00 kind=return {R}d1                        | not_returnable
 tx x5 v:USD=-1.00 u:USD=0.50 world:USD=0.50 kind=return {R}p1             | not_returnable
 tx x6 v:USD=-1.00 u:USD=1.00 kind=return {R}c1                            | not_returnable
 tx x7 v:USD=-1.00 u:USD=1.00 kind=return {R}x7                            | invalid_command
