@@ -665,10 +665,10 @@ class Engine:
                 timestamp=first.timestamp_ms)
 
     def produce_ticks(self, partitions: list[int]) -> None:
-        """A sealed tick into each of these commands partitions (the ones this worker owns) where a hold is due
-        by the wall clock, so it expires without traffic (streams/ticks.py). A partition with nothing due gets
-        none: an idle ledger's log stays still. Outside the partitions' transactions: a tick carries only its
-        log time, so a lost or repeated one changes nothing (and a look at a heap being changed by a decision
+        """A sealed tick into each of these commands partitions (the ones this worker owns) where a hold or the
+        end of a copy's wait is due by the wall clock, so it expires without traffic (streams/ticks.py). A
+        partition with nothing due gets none: an idle ledger's log stays still. Outside the partitions'
+        transactions: a tick carries only its log time, so a lost or repeated one changes nothing (and a look at a heap being changed by a decision
         at worst sends one in vain or one interval late)."""
         due = [p for p in partitions if self._due(p, int(time.time() * 1000))]
         if not due:
@@ -682,11 +682,13 @@ class Engine:
         self._tick_producer.poll(0)
 
     def _due(self, partition: int, now_ms: int) -> bool:
-        """Whether the partition's earliest indexed expiry has passed (ended holds still indexed count too: the
-        tick drops them)."""
+        """Whether the partition's earliest indexed expiry, or the end of a copy's wait for its coordinator's
+        Reserve, has passed (ended holds still indexed count too: the tick drops them)."""
         proc = self.processors.get(partition)
-        expiries = proc.state.expiries if proc is not None else ()
-        return bool(expiries) and expiries[0][0] <= now_ms
+        if proc is None:
+            return False
+        expiries = proc.state.expiries
+        return (bool(expiries) and expiries[0][0] <= now_ms) or proc.state.copy_due_by(now_ms)
 
     def close(self) -> None:
         for producer in self.producers.values():

@@ -223,6 +223,12 @@ class PartitionState:
                 due.append(entry)
         return due
 
+    def copy_due_by(self, now_ms: int) -> bool:
+        """Whether a copy's wait has ended by now_ms (an entry ended since counts too: the tick drops it). Asked
+        from the ticking thread while commands are decided: one slice, never an index into a heap being popped."""
+        first = self._copy_heap[:1]
+        return bool(first) and first[0][0] <= now_ms
+
     def _get(self, key: bytes) -> bytes | None:
         if key in self._puts:
             value = self._puts[key]

@@ -1,6 +1,8 @@
 """Time moves on quiet partitions: every LEDGER_TICK_S seconds (default 10; 0 turns it off) a worker writes a
 tick into each commands partition it owns where a hold is due by its clock (the earliest expiry it has
-indexed has passed). A partition with nothing due gets no tick, so an idle ledger's log stays still.
+indexed has passed), or a copy's reservation whose wait for its coordinator's Reserve has ended
+(streams/spanning.py, COPY_WAIT_MS). A partition with nothing due gets no tick, so an idle ledger's log stays
+still.
 
 A hold's expiry is decided by log time, when its partition reads a record (DESIGN.md P7: the record's
 timestamp is the only clock, so a replay expires the same holds at the same place). Without traffic a due

@@ -255,3 +255,27 @@ def test_a_copy_whose_reserve_never_comes_is_dropped_when_its_wait_ends_even_aft
     assert bus.result("t/pay~copyexpired~1")["outcome"] == "accepted"
     assert (bus.account(d), bus.account(y)) == ((1_000, 0), (0, 0))
     assert not bus.stored(1, b"e/"), "no reservation, count or wait is left"
+
+
+def test_a_quiet_partition_gets_a_tick_when_a_copys_wait_has_ended(tmp_path):
+    """A copy's reservation holds the payer's money until its wait ends in log time; on a partition nobody
+    writes to, only a worker's tick moves that time on (streams/ticks.py), so the worker ticks it then, as it
+    does for a due hold."""
+    from streams import engine as engine_module
+    from streams.config import Settings
+    from streams.inflight import copy_due_key
+    from streams.routing import ENGINE_CLIENT
+
+    engine = engine_module.Engine(Settings(bootstrap="127.0.0.1:1", prefix="copytick.", partitions=1), tmp_path)
+    try:
+        proc = engine.processor(0)
+        proc.state.begin_command()
+        proc.commit_change(ENGINE_CLIENT, "a-copy", "", 0, {
+            "command_id": "a-copy", "client_id": ENGINE_CLIENT, "outcome": "accepted", "reason": None,
+            "detail": "", "duplicate": False, "transaction_id": None, "at_ms": 1_000, "holds": []},
+            records=[(copy_due_key(5_000, "t/pay"), 1)])
+        proc.state.commit(1)
+        assert not engine._due(0, 4_999), "not yet due"
+        assert engine._due(0, 5_000), "the copy's wait has ended: the partition needs a tick"
+    finally:
+        engine.close()
