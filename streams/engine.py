@@ -668,8 +668,8 @@ class Engine:
         """A sealed tick into each of these commands partitions (the ones this worker owns) where a hold or the
         end of a copy's wait is due by the wall clock, so it expires without traffic (streams/ticks.py). A
         partition with nothing due gets none: an idle ledger's log stays still. Outside the partitions'
-        transactions: a tick carries only its log time, so a lost or repeated one changes nothing (and a look at a heap being changed by a decision
-        at worst sends one in vain or one interval late)."""
+        transactions: a tick carries only its log time, so a lost or repeated one changes nothing (and a look
+        at a heap being changed by a decision at worst sends one in vain or one interval late)."""
         due = [p for p in partitions if self._due(p, int(time.time() * 1000))]
         if not due:
             return
