@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from projections.fold import Balance, fold_holds, fold_journal, journals as journals_of, remaining, walk
 from projections.topics import SCHEMA_OF_TOPIC, TopicRecord, latest_per_account, read_topic
 from schemas.codec import DecodeError, codec
-from streams import names, routing
+from streams import names, routing, seal
 from streams.config import Settings
 from streams.core.rejections import NOT_A_DECISION, Rejection
 from streams.core.settlement import RECEIVABLE_MARK
@@ -395,7 +395,8 @@ def _decisions(results: Iterable[TopicRecord]) -> dict[CommandKey, dict[bytes, s
     decisions: dict[CommandKey, dict[bytes, str]] = defaultdict(dict)
     for r in results:
         v = r.value
-        if not v["duplicate"] and v["reason"] not in NOT_A_DECISION:
+        if not v["duplicate"] and v["reason"] not in NOT_A_DECISION \
+                and not seal.is_unsealed_refusal(v["reason"], v["detail"]):
             decisions[(v["client_id"], v["command_id"])][r.raw] = v["outcome"]
     return decisions
 
@@ -433,10 +434,12 @@ def check_every_command_answered(report: Report, commands: Iterable[TopicRecord]
     an item of a CommandBatch)."""
     dead_at = {d.key for d in dead_letters}
     replied: set[CommandKey] = set()
-    unauthenticated: set[CommandKey] = set()  # answered, never decided: a record its client did not sign
+    # answered, never decided: a record its client did not sign, an engine step without the engine's seal
+    unauthenticated: set[CommandKey] = set()
     for r in results:
         replied.add((r.value["client_id"], r.value["command_id"]))
-        if r.value["reason"] == Rejection.NOT_AUTHENTICATED.code:
+        if r.value["reason"] == Rejection.NOT_AUTHENTICATED.code or seal.is_unsealed_refusal(r.value["reason"],
+                                                                                          r.value["detail"]):
             unauthenticated.add((r.value["client_id"], r.value["command_id"]))
     judged: set[CommandKey] = set()
     for cmd in commands:

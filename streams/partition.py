@@ -23,7 +23,7 @@ from schemas.codec import DecodeError, codec
 from streams import core, limits, names, placement, routing
 from streams.routing import ENGINE_CLIENT
 from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rejection, Result
-from streams.seal import DEVELOPMENT, Headers, Seal
+from streams.seal import DEVELOPMENT, UNSEALED, Headers, Seal
 from streams.authn import Clients
 from streams.core.policy import judge as judge_policy
 from streams.core.rejections import NOT_A_DECISION
@@ -624,7 +624,7 @@ class PartitionProcessor:
         client_id, command_id = record["client_id"], record["command_id"]
         if (client_id == ENGINE_CLIENT or kind in SPANNING_KINDS) and not self._is_sealed():
             self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
-                         f"engine_step_unsealed: a {kind} as client {client_id!r} is taken only from a record "
+                         f"{UNSEALED}: a {kind} as client {client_id!r} is taken only from a record "
                          f"a ledger worker sealed (streams/seal.py); this record has no valid seal")
             return Rejection.INVALID_COMMAND
         if self.clients is not None and client_id != ENGINE_CLIENT and not self._is_sealed():

@@ -28,6 +28,15 @@ from collections.abc import Iterable, Mapping
 log = logging.getLogger("ledger.seal")
 
 HEADER = "ledger-seal"
+# The detail every refusal of an unsealed engine step starts with. Such a refusal is answered, not remembered
+# (the id may be a real step's, still to come sealed), so it is never a decision: a copy of the record sent
+# again is answered again, at its own time (projections/verify.py counts these answers apart from decisions).
+UNSEALED = "engine_step_unsealed"
+
+
+def is_unsealed_refusal(reason: str | None, detail: str) -> bool:
+    """Whether a result is the refusal of an unsealed engine step (invalid_command, detail UNSEALED: ...)."""
+    return reason == "invalid_command" and detail.startswith(UNSEALED + ":")
 ENV_KEY = "LEDGER_ENGINE_KEY"
 ENV_OLD_KEYS = "LEDGER_ENGINE_KEYS_OLD"
 # Public, for development and tests only: a ledger running with it trusts anyone who can write its topic.

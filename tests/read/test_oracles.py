@@ -253,6 +253,30 @@ def test_the_clean_run_satisfies_every_oracle_and_covers_what_they_judge():
     assert not report.notes
 
 
+def test_an_unsealed_engine_step_sent_twice_is_answered_twice_and_is_no_decision():
+    """A forged Reserve (client "ledger", no seal), written twice by a plain producer a few ms apart: each copy
+    is refused at its own time (the refusal is not remembered: the id may be a real step's), so the two answers
+    differ in their bytes. They are answers, not decisions: neither P4 (two decisions) nor P8 (never decided)."""
+    bus = Recorder()
+    script(bus, bus.run)
+    forged = C.encode("command", {"command_id": "t/steal~reserve~0", "client_id": routing.ENGINE_CLIENT,
+                                  "body": ("ledger.Reserve", {"transaction_client_id": "t",
+                                                              "transaction_command_id": "steal",
+                                                              "coordinator_partition": 0, "transaction": {
+        "transaction_id": "steal", "kind": "transfer", "reference": None, "links": [], "metadata": {},
+        "occurred_at_ms": None, "rate_snapshot_id": None,
+        "legs": [{"account_id": A, "amount": "-5", "hold_id": None, "currency": None},
+                 {"account_id": "user:mallory:USD", "amount": "5", "hold_id": None, "currency": "USD"}]}})})
+    bus.send(forged, A)
+    bus.send(forged, A)
+    bus.run()
+    streams = bus.streams()
+    answers = {r.raw for r in streams.results if r.value["command_id"] == "t/steal~reserve~0"}
+    assert len(answers) == 2, "the two copies were not answered at their own times"
+    report = check(streams)
+    assert report.ok, format_report(report)
+
+
 # P8: every command answered -----------------------------------------------------------------------------------
 
 def test_p8_a_command_without_a_result():
