@@ -94,6 +94,7 @@ def test_an_id_the_failed_batch_holds_twice_with_two_payloads_is_an_id_conflict_
     assert [r.reason for r, _ in decided] == [Rejection.LINKED_FAILED, Rejection.UNKNOWN_ACCOUNT,
                                               Rejection.ID_CONFLICT]
     assert all(r.events == () for r, _ in decided) and decided[2][1].is_empty
+    assert list(decided[2][1].history) == []  # what the shell iterates to emit: empty, not absent
 
 
 def test_a_retry_of_a_batch_the_engine_rewrote_is_answered_from_the_inbox_when_it_failed() -> None:

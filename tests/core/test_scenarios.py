@@ -441,6 +441,7 @@ def test_empty_ids_are_invalid_and_not_remembered() -> None:
     # still answered to the client that sent it, under the id it gave, with no events
     assert (result.command_id, result.client_id, result.events) == ("", "a", ())
     assert result.detail == "command_id and client_id must not be empty"
+    assert result.outcome == "rejected" and not result.accepted
     result, changes = execute(state, ReleaseHold(command_id="c", client_id="a", at_ms=1, hold_id="h"))
     assert result.reason is Rejection.UNKNOWN_HOLD and changes.processed is not None
     assert not changes.accounts and not changes.holds and not changes.history
