@@ -122,3 +122,24 @@ def test_a_command_without_an_id_is_answered_but_not_remembered() -> None:
     nameless = dataclasses.replace(ledger._command(100, "transfer t1 a:USD->b:USD 1.00 id=z1"), command_id="")
     (result, changes), = refuse_all(ledger.state, [nameless], Rejection.LINKED_SPANS_PARTITIONS, "elsewhere")
     assert result.reason is Rejection.LINKED_SPANS_PARTITIONS and changes.is_empty
+
+
+def test_a_linked_batch_converts_at_a_rate_snapshot_an_earlier_command_of_it_recorded() -> None:
+    """A batch that records a rate snapshot and then converts with it: the conversion reads the snapshot the
+    batch staged (it is not in the state yet), and is judged against it like any other."""
+    ledger = Ledger().run("""
+open world:USD USD neg  | ok
+open sys:fx:USD USD neg | ok
+open sys:fx:EUR EUR neg | ok
+open u:USD USD          | ok
+open u:EUR EUR          | ok
+transfer d1 world:USD->u:USD 100.00 kind=deposit | ok
+""")
+    def decide(conversion: str) -> list:
+        commands = [ledger._command(100, "rate s9 USD EUR 0.925 id=l1"), ledger._command(101, conversion)]
+        return [r.reason.code if r.reason else "ok" for r, _ in execute_linked(ledger.state, commands,
+                                                                                ledger.currencies)]
+    assert decide("tx a1 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.25 u:EUR=9.25 kind=fx rate=s9 id=l2") \
+        == ["ok", "ok"]
+    assert decide("tx a1 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.30 u:EUR=9.30 kind=fx rate=s9 id=l3") \
+        == ["linked_failed", "amount_off_rate"]

@@ -226,3 +226,20 @@ def test_a_receivable_an_operator_closed_refuses_the_overdraw():
     assert ledger.run(CloseAccount(command_id="c-r", client_id="t", at_ms=8, account_id=RECEIVABLE)).accepted
     result = ledger.capture(400, EXTERNAL)
     assert result.reason.code == "account_closed" and ledger.balance(USER) == (0, 0)
+
+
+def test_a_late_settlement_of_two_ended_holds_of_one_account_overdraws_only_what_it_cannot_cover():
+    """Two ended holds of one account captured late in one settlement (400 and 300) with 200 available: the
+    shortfall of 500 goes to the receivable, the first leg's 400 of it and the second leg's remaining 100; the
+    account pays its own 200 and ends at zero, not above it."""
+    ledger = Ledger()
+    assert ledger.run(PlaceHold(command_id="h3", client_id="t", at_ms=2, hold_id="h3", account_id=USER,
+                                amount=300, expires_at_ms=100)).accepted
+    release(ledger)
+    assert ledger.run(ReleaseHold(command_id="r3", client_id="t", at_ms=5, hold_id="h3")).accepted
+    spend(800)(ledger)
+    result = ledger.run(PostTransaction(command_id="c", client_id="t", at_ms=10, transaction_id="c", legs=(
+        Leg(USER, -400, "h1"), Leg(USER, -300, "h3"), Leg(PAYEE, 700)), metadata=EXTERNAL))
+    assert result.notice == LATE_SETTLEMENT, result.detail
+    assert ledger.balance(USER) == (0, 0) and ledger.balance(RECEIVABLE) == (-500, 0)
+    assert ledger.state.accounts[PAYEE].posted == 700
