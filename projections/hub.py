@@ -40,7 +40,7 @@ class Readers:
     def __init__(self, target: str | Path, size: int = READ_THREADS):
         self.target, self.size = str(target), size
         self._free: list[Store] = []
-        self._all: list[Store] = []
+        self._closed = False
         self._lock = threading.Lock()
         self._limiter: anyio.CapacityLimiter | None = None
         self.calls: dict[str, int] = {}  # reads made, by function name (what the database was asked)
@@ -53,13 +53,15 @@ class Readers:
             store = self._free.pop() if self._free else None
         if store is None:
             store = Store(self.target, readonly=True)
-            with self._lock:
-                self._all.append(store)
         try:
             return fn(store, *args)
         finally:
             with self._lock:
-                self._free.append(store)
+                closed = self._closed
+                if not closed:
+                    self._free.append(store)
+            if closed:  # closed while this thread read: its connection is closed here, after the read
+                store.close()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """fn(store, *args) in the pool's threads."""
@@ -68,10 +70,14 @@ class Readers:
         return await anyio.to_thread.run_sync(self.call, fn, *args, limiter=self._limiter)
 
     def close(self) -> None:
+        """Close the idle connections now, and each borrowed one when its read returns: a read still running
+        in a thread (a cancelled await does not stop it) keeps its connection, since closing a SQLite
+        connection while another thread steps a statement on it crashes the process."""
         with self._lock:
-            for store in self._all:
-                store.close()
-            self._all, self._free = [], []
+            self._closed = True
+            free, self._free = self._free, []
+        for store in free:
+            store.close()
 
 
 class Hub:

@@ -47,3 +47,33 @@ def test_one_read_per_batch_for_500_subscribers_and_min_seq_wakes(new_store):
         asyncio.run(scenario())
     finally:
         writer.close()
+
+
+def test_readers_closed_while_a_read_runs_close_its_connection_only_after_it(new_store):
+    """Shutting down (hub stopped, readers closed) while a read still runs in a thread: the read finishes on
+    its open connection, which is closed when it returns (closing it under the read crashed the process)."""
+    import threading
+    target = new_store("closing")
+    Store(target, "closing.").close()
+    readers = Readers(target, 2)
+    reading, release, out = threading.Event(), threading.Event(), {}
+
+    def slow_version(store: Store) -> int:
+        reading.set()
+        release.wait(10)
+        out["store"] = store
+        return store.version()
+
+    thread = threading.Thread(target=lambda: out.setdefault("version", readers.call(slow_version)))
+    thread.start()
+    assert reading.wait(10)
+    readers.close()
+    release.set()
+    thread.join(10)
+    assert out.get("version") == 0, "the read running at close did not finish on its connection"
+    try:
+        out["store"].version()
+    except Exception:
+        pass
+    else:
+        raise AssertionError("the borrowed connection was left open after its read returned")
