@@ -490,9 +490,10 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
                                       results: Iterable[TopicRecord]) -> None:
     """P4: an accepted client command changed the books exactly once: one history entry per leg of a
     transaction, one for any other change. A transaction whose legs live in several partitions posts each
-    partition's share under an engine id (``<client>/<command>~commit~<p>``): one entry per reserved debit
-    (plain debits of an account together, captures of a hold together), per credited account and per leg
-    on a system account, besides the clearing legs; none under its own id."""
+    partition's share under an engine id (its decide step ``<client>/<command>~decide~<p>``; ``~commit~<p>``
+    in older logs): one entry per reserved debit (plain debits of an account together, captures of a hold
+    together), per credited account and per leg on a system account, besides the clearing legs; none under
+    its own id."""
     per_command = Counter((e.value["client_id"], e.value["command_id"]) for e in entries.values())
     spanning = {names.begun(r.value["command_id"]) for r in results if r.value["client_id"] == ENGINE_CLIENT} - {None}
     committed: Counter = Counter()  # transaction key -> entries its commits posted, clearing legs left out

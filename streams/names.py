@@ -16,7 +16,8 @@ CLEARING_PREFIX = "sys:clearing:"
 INTERNAL_HOLD_MARK = "~"
 STEP_MARK = "~"
 BEGIN = "begin"  # the coordinator recorded the transaction in flight
-COMMIT = "commit"  # a partition posted its share
+DECIDE = "decide"  # a partition's step once the transaction is decided: it posts its share when committed
+COMMIT = "commit"  # a partition posted its share (a step of its own before shares posted as their decide step)
 
 
 def clearing(currency: str) -> str:
@@ -47,9 +48,13 @@ def begun(command_id: str) -> str | None:
 
 
 def committed(command_id: str) -> str | None:
-    """The transaction key of a commit step's id (a partition's share), else None."""
-    key, mark, _ = command_id.rpartition(f"{STEP_MARK}{COMMIT}{STEP_MARK}")
-    return key if mark else None
+    """The transaction key of the id a partition's share posts under (its decide step; in older logs a commit
+    step of its own), else None."""
+    for step in (DECIDE, COMMIT):
+        key, mark, _ = command_id.rpartition(f"{STEP_MARK}{step}{STEP_MARK}")
+        if mark:
+            return key
+    return None
 
 
 def owner(client_id: str, command_id: str, engine_client: str) -> str:

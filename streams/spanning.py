@@ -17,7 +17,7 @@ anywhere repeats a step harmlessly (the inbox answers it) and in-flight state is
    reserved, else rejected with the failure of the highest precedence. That result is the sender's answer
    and it is final: the same answer, for the same reason, as if every account lived in one partition.
    Then Decide(commit) or Decide(abort) to every participant that reserved.
-4. Decide (participant): commit = one transaction ``T~commit~<p>``, under the transaction's own id, posting
+4. Decide (participant): commit = the Decide step ``T~decide~<p>`` posts, under the transaction's own id,
    this partition's legs (captured internal holds and locked amounts, credits, and at the coordinator the
    legs on system accounts) against the local clearing shard, judged at the reservation's time (what was
    reserved cannot be refused); abort = release the internal holds. Locks are dropped either way.
@@ -298,7 +298,7 @@ class Spanning:
                 body = record["body"][1]  # decision, or the waiting commands that commit woke: they go on
                 key = names.transaction_key(body["transaction_client_id"], body["transaction_command_id"])
                 self._decide_own(key, offset, at_ms)
-                own = self.state.change_record(ENGINE_CLIENT, names.step_id(key, "decide", proc.partition))
+                own = self.state.change_record(ENGINE_CLIENT, names.step_id(key, names.DECIDE, proc.partition))
                 if own is not None and own["source_offset"] == offset:  # this record committed it: it drains
                     self.drain(offset)
             return
@@ -513,7 +513,7 @@ class Spanning:
             return  # the copy sent again (a retry): its effect exists, the coordinator answers
         late = state.record(reservation_key(key)) is not None or \
             state.change_record(ENGINE_CLIENT, names.step_id(key, "reserve", proc.partition)) is not None or \
-            state.change_record(ENGINE_CLIENT, names.step_id(key, "decide", proc.partition)) is not None
+            state.change_record(ENGINE_CLIENT, names.step_id(key, names.DECIDE, proc.partition)) is not None
         if late or self.refusal(tx) is not None:
             # Reserved or decided already (the coordinator's step came first), or a command the coordinator
             # refuses: nothing to reserve here.
@@ -778,7 +778,7 @@ class Spanning:
         Decide to itself), after the vote that ends the in-flight record: a client's retry woken by it is
         then answered from the inbox. Called again by a redelivered final vote, it completes what a crash cut.
         commit: the decision, when the caller has just made or read it (else it is read from the inbox)."""
-        decide_id = names.step_id(key, "decide", self.proc.partition)
+        decide_id = names.step_id(key, names.DECIDE, self.proc.partition)
         if self.state.change_record(ENGINE_CLIENT, decide_id) is not None or self._reservation(key) is None \
                 or self._in_flight(key) is not None:
             return  # done, nothing reserved here, or not decided yet
@@ -802,15 +802,15 @@ class Spanning:
             return
         records = [*self._dropped(key, reservation), *self._without_timeout(key)]
         if body["commit"]:
-            # The reservation ends in the posting's own StateChange: no state where a hold is captured and
-            # still locked for the same transaction (P5), whatever a crash cuts.
-            self._commit(key, reservation, offset, records)
-            records = []
+            # The share posts as this step itself (one StateChange, one inbox entry, one result): the
+            # reservation ends in the posting's own StateChange, so no state has a hold captured and still
+            # locked for the same transaction (P5), whatever a crash cuts.
+            self._commit(key, reservation, command_id, fingerprint, offset, records)
         else:
             for hold_id, account_id, _ in reservation.holds:
                 self._release(key, hold_id, account_id, offset, at_ms)
-        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
-                           records=records)
+            proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, _accepted(command_id, at_ms),
+                               records=records)
         self._reindex(reservation)
         self.drain(offset)
 
@@ -847,8 +847,10 @@ class Spanning:
             if hold is not None and hold.status is HoldStatus.OPEN and hold.expires_at_ms is not None:
                 heapq.heappush(state.expiries, (hold.expires_at_ms, hold_id))
 
-    def _commit(self, key: str, reservation: Reservation, offset: int, records: list[tuple[str, Any]]) -> None:
-        """This partition's legs post, under the transaction's own id, against the local clearing shard."""
+    def _commit(self, key: str, reservation: Reservation, decide_id: str, fingerprint: str, offset: int,
+                records: list[tuple[str, Any]]) -> None:
+        """This partition's legs post, under the transaction's own id, against the local clearing shard, as the
+        decide step decide_id (the engine's command id of the share: streams/names.py, ``committed``)."""
         proc = self.proc
         client_id, tx_command_id = key.split("/", 1)
         original = self._transaction({"transaction_client_id": client_id, "transaction_command_id": tx_command_id,
@@ -864,15 +866,14 @@ class Spanning:
             totals[routing.system_currency(leg.account_id)] += leg.amount
         legs += [Leg(proc.local(leg.account_id), leg.amount) for leg in system]
         clearing = [Leg(routing.shard_of(names.clearing(c), proc.partition), -n) for c, n in totals.items() if n]
-        commit_id = names.step_id(key, names.COMMIT, proc.partition)
         if not legs and not system:  # its legs here net to nothing (_reserve_share): nothing moves here
-            proc.commit_change(ENGINE_CLIENT, commit_id, "", offset, _accepted(commit_id, reservation.at_ms),
+            proc.commit_change(ENGINE_CLIENT, decide_id, fingerprint, offset, _accepted(decide_id, reservation.at_ms),
                                records=records)
             return
         proc.open_shards([names.clearing(c) for c in totals] + [leg.account_id for leg in system], original,
                           offset)
         # Judged at the reservation's time: what was reserved then is posted now, whatever the clock says.
-        command = core.PostTransaction(command_id=commit_id, client_id=ENGINE_CLIENT, at_ms=reservation.at_ms,
+        command = core.PostTransaction(command_id=decide_id, client_id=ENGINE_CLIENT, at_ms=reservation.at_ms,
                                        transaction_id=original.transaction_id, legs=tuple(legs + clearing),
                                        kind=original.kind, reference=original.reference, links=original.links,
                                        occurred_at_ms=original.occurred_at_ms,

@@ -364,15 +364,29 @@ def test_p4_an_accepted_transaction_missing_from_the_books():
 
 
 def test_p4_an_accepted_multi_partition_trade_counted_under_its_commits():
-    """Each partition posted its share under an engine id (``t/trade~commit~<p>``), none under the trade's own
-    id. An entry of a share attributed to another command is missing."""
+    """Each partition posted its share under an engine id (its decide step ``t/trade~decide~<p>``), none under the
+    trade's own id. An entry of a share attributed to another command is missing."""
     broken = edit(CLEAN, "history",
-                  lambda v: "t/trade~commit~" in v["command_id"] and v["account_id"].startswith("sys:fees:BTC@"),
+                  lambda v: "t/trade~decide~" in v["command_id"] and v["account_id"].startswith("sys:fees:BTC@"),
                   lambda v: {**v, "command_id": "someone-else"})
     report = check(broken)
     assert oracles(report) == {"P4"}, report.violations
     assert reported(report, "P4") == ["P4: command ('t', 'trade') has 0 history entries under its own id and 5 "
                                       "under its commits, expected 0 and 6"]
+
+
+def test_p4_shares_of_older_logs_counted_under_their_commit_steps():
+    """Before a share posted as its decide step it posted under a step of its own, ``~commit~<p>``: a log
+    written then still checks clean, and the same entry missing is still found."""
+    def older(v):
+        return {**v, "command_id": v["command_id"].replace("~decide~", "~commit~")}
+    renamed = edit(CLEAN, "history", lambda v: "t/trade~decide~" in v["command_id"], older)
+    assert check(renamed).violations == []
+    broken = edit(renamed, "history",
+                  lambda v: "t/trade~commit~" in v["command_id"] and v["account_id"].startswith("sys:fees:BTC@"),
+                  lambda v: {**v, "command_id": "someone-else"})
+    assert reported(check(broken), "P4") == ["P4: command ('t', 'trade') has 0 history entries under its own id "
+                                             "and 5 under its commits, expected 0 and 6"]
 
 
 # P3: seq gapless and increasing, posted_after the fold ----------------------------------------------------------
