@@ -173,7 +173,8 @@ def _apply_returned(o: _Overlay, e: TransactionReturned) -> None:
     returning = o.transactions.get(e.returned_by)
     assert original is not None and returning is not None, f"return of {e.transaction_id} without its records"
     o.transactions[e.transaction_id] = dataclasses.replace(original, returned=original.returned + e.amount)
-    o.transactions[e.returned_by] = dataclasses.replace(returning, returns=e.transaction_id)
+    if returning.returns is None:  # a payment made in steps: each step counts it, the first is the one named
+        o.transactions[e.returned_by] = dataclasses.replace(returning, returns=e.transaction_id)
 
 
 def _apply_currency(o: _Overlay, e: CurrencyRegistered) -> None:

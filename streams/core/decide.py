@@ -421,10 +421,10 @@ def _judge_return(state: StateReader, c: PostTransaction, currencies: CurrencyRe
     original = state.transaction(returns)
     if original is None:
         return (Rejection.UNKNOWN_TRANSACTION, f"transaction {returns} was not posted in this partition")
-    judged = judge_return(original, c.client_id, c.legs)
+    judged = judge_return(original, c.client_id, c.legs, c.links, state.transaction)
     if type(judged[0]) is Rejection:
         return judged
-    payer, payee, amount = judged
+    payer, payee, amount, counted = judged
     if state.transaction(c.transaction_id) is not None:
         return (_INVALID, f"transaction id {c.transaction_id} is taken")
     reader: StateReader = state
@@ -447,8 +447,10 @@ def _judge_return(state: StateReader, c: PostTransaction, currencies: CurrencyRe
     posted = _judge_transaction_rules(reader, c.with_legs(legs), currencies)
     if type(posted[0]) is Rejection:
         return posted
-    return (*opened, *posted, TransactionReturned(transaction_id=returns, returned_by=c.transaction_id,
-                                                  amount=amount, at_ms=c.at_ms))
+    # Every step of the payment counts the return (the payment named first: the return records it as what it
+    # returns), so no step's money is returned again through another flow or on its own (returns.py).
+    return (*opened, *posted, *(TransactionReturned(transaction_id=step, returned_by=c.transaction_id,
+                                                    amount=amount, at_ms=c.at_ms) for step in counted))
 
 
 def _overdraw_to_receivables(state: StateReader, accounts: dict[str, Account], legs: tuple[Leg, ...],

@@ -63,9 +63,10 @@ class TransactionReversed:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TransactionReturned:
     """Part or all of a payment was returned or charged back by a transaction posted in the same decision
-    (streams/core/returns.py); the payment records how much, so no more than it moved is ever returned."""
+    (streams/core/returns.py); the payment records how much, so no more than it moved is ever returned. A payment
+    made in steps gets one per step, the named payment first."""
 
-    transaction_id: str  # the payment returned
+    transaction_id: str  # the payment returned (or a step of it)
     returned_by: str  # the returning transaction's id
     amount: int  # minor units returned by it
     at_ms: int  # log time of the command

@@ -16,11 +16,21 @@ legs are judged like any transaction, after one change: what the payee's availab
 amount (the money is spent) is debited from the payee's receivable (settlement.py's ``receivable_of``, opened
 by the same decision), a debt the owner owes, so a return never overdraws a customer (P2) and is never
 refused for the money being gone. Only what remains in a customer's available is taken from it.
+
+A payment made in steps (a deposit in transit: initiated, fronted, settled) is returned as one: the return
+names its last step in ``ledger.returns`` and links to every other step. When the named payment alone is not
+what the return moves back, the steps' legs are netted per account, and what is left must be one account
+paying another in one amount (``not_returnable`` otherwise): the money the return sends back did flow from
+its payer to its payee, through these steps, all posted here by the same client, none reversed or a return.
+Each step counts the return, and what remains unreturned is the net amount minus the most any step counts,
+so money returned through one step (a fronting clawed back) or one flow is never returned again through
+another (docs/wallet-operations.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from streams.core.model import Leg, PostedTransaction
 from streams.core.rejections import Rejection
@@ -49,35 +59,105 @@ def judge_spanning(metadata: Iterable[tuple[str, str]]) -> tuple[Rejection, str]
 
 def payment_legs(original: PostedTransaction) -> tuple[Leg, Leg] | None:
     """(payer's debit, payee's credit) of a two-leg payment between two accounts, else None."""
-    if len(original.legs) != 2 or original.returns is not None:
+    if original.returns is not None:
         return None
-    debit, credit = sorted(original.legs, key=lambda leg: leg.amount)
+    return _one_payment(original.legs)
+
+
+def flow_legs(steps: Iterable[PostedTransaction]) -> tuple[Leg, Leg] | None:
+    """(payer's debit, payee's credit) that a payment made in steps nets to, else None: every step's legs
+    summed per account (each account has one currency, and every step balances per currency), leaving out
+    the accounts the money only passed through (their sum is zero)."""
+    net: dict[str, int] = {}
+    for step in steps:
+        for leg in step.legs:
+            net[leg.account_id] = net.get(leg.account_id, 0) + leg.amount
+    return _one_payment(tuple(Leg(account, amount) for account, amount in net.items() if amount))
+
+
+def _one_payment(legs: tuple[Leg, ...]) -> tuple[Leg, Leg] | None:
+    if len(legs) != 2:
+        return None
+    debit, credit = sorted(legs, key=lambda leg: leg.amount)
     if debit.amount >= 0 or credit.amount != -debit.amount or debit.account_id == credit.account_id:
         return None
     return debit, credit
 
 
-def judge_return(original: PostedTransaction, client_id: str,
-                 legs: tuple[Leg, ...]) -> tuple[Rejection, str] | tuple[str, str, int]:
-    """The return's failure, or (payer, payee, amount) of a return that may go on to the general rules."""
-    paid = original.transaction_id
+class Returned(NamedTuple):
+    """A return that passed its own checks and goes on to the general rules."""
+
+    payer: str  # the payment's payer, credited by the return
+    payee: str  # the payment's payee, debited by the return (the rest on its receivable when spent)
+    amount: int  # minor units returned
+    counted: tuple[str, ...]  # the transactions that count it: the payment named, then its other steps
+
+
+def _standing(original: PostedTransaction, client_id: str) -> tuple[Rejection, str] | None:
+    """A payment or step may be returned only by its own client and while it stands (not reversed)."""
     if original.client_id != client_id:
-        return (Rejection.CLIENT_MISMATCH, f"transaction {paid} was posted by another client")
+        return (Rejection.CLIENT_MISMATCH, f"transaction {original.transaction_id} was posted by another client")
     if original.reversed_by is not None:
-        return (Rejection.ALREADY_REVERSED, f"transaction {paid} was reversed by {original.reversed_by}")
-    payment = payment_legs(original)
+        return (Rejection.ALREADY_REVERSED,
+                f"transaction {original.transaction_id} was reversed by {original.reversed_by}")
+    return None
+
+
+def _moves_back(legs: tuple[Leg, ...], payment: tuple[Leg, Leg] | None) -> int | None:
+    """The amount the return's legs move from the payment's payee back to its payer, else None."""
     if payment is None:
-        return (Rejection.NOT_RETURNABLE, f"transaction {paid} is not a payment from one account to another"
-                                          f"{' (it is a return)' if original.returns is not None else ''}")
-    payer, payee = payment[0].account_id, payment[1].account_id
+        return None
     shape = sorted(legs, key=lambda leg: leg.amount)
-    if (len(shape) != 2 or shape[0].account_id != payee or shape[1].account_id != payer
-            or shape[0].amount != -shape[1].amount or shape[1].amount <= 0 or shape[0].hold_id is not None):
-        return (Rejection.NOT_RETURNABLE, f"a return of {paid} moves money from {payee} back to {payer} "
-                                          f"in two legs of one amount")
-    amount = shape[1].amount
-    unreturned = payment[1].amount - original.returned
+    if (len(shape) != 2 or shape[0].account_id != payment[1].account_id
+            or shape[1].account_id != payment[0].account_id or shape[0].amount != -shape[1].amount
+            or shape[1].amount <= 0 or shape[0].hold_id is not None):
+        return None
+    return shape[1].amount
+
+
+def judge_return(original: PostedTransaction, client_id: str, legs: tuple[Leg, ...], links: Iterable[str],
+                 posted: Callable[[str], PostedTransaction | None]) -> tuple[Rejection, str] | Returned:
+    """The return's failure, or what it returns. ``links``: the return's links (the steps of a payment made
+    in steps); ``posted``: this partition's record of a transaction, None when it never posted it."""
+    paid = original.transaction_id
+    failure = _standing(original, client_id)
+    if failure is not None:
+        return failure
+    if original.returns is not None:
+        return (Rejection.NOT_RETURNABLE, f"transaction {paid} is not a payment from one account to another "
+                                          f"(it is a return)")
+    payment = payment_legs(original)
+    steps: tuple[PostedTransaction, ...] = (original,)
+    amount = _moves_back(legs, payment)
+    other_ids = tuple(link for link in dict.fromkeys(links) if link != paid)
+    if amount is None and other_ids:
+        for step_id in other_ids:
+            step = posted(step_id)
+            if step is None:
+                return (Rejection.UNKNOWN_TRANSACTION, f"transaction {step_id}, a step of the payment {paid} "
+                                                       f"returned, was not posted in this partition")
+            failure = _standing(step, client_id)
+            if failure is not None:
+                return failure
+            if step.returns is not None:
+                return (Rejection.NOT_RETURNABLE, f"transaction {step_id} is a return, not a step of {paid}")
+            steps += (step,)
+        payment = flow_legs(steps)
+        amount = _moves_back(legs, payment)
+        if amount is None:
+            named = ", ".join(s.transaction_id for s in steps)
+            return (Rejection.NOT_RETURNABLE, f"{named} do not net to one payment that the return's two legs "
+                                              f"move back from its payee to its payer")
+    elif payment is None:
+        return (Rejection.NOT_RETURNABLE, f"transaction {paid} is not a payment from one account to another")
+    elif amount is None:
+        return (Rejection.NOT_RETURNABLE, f"a return of {paid} moves money from {payment[1].account_id} back to "
+                                          f"{payment[0].account_id} in two legs of one amount")
+    assert payment is not None
+    returned = max(step.returned for step in steps)
+    unreturned = payment[1].amount - returned
     if amount > unreturned:
-        return (Rejection.EXCEEDS_UNRETURNED, f"return of {amount} exceeds the {unreturned} unreturned of {paid} "
-                                              f"({original.returned} of {payment[1].amount} returned already)")
-    return payer, payee, amount
+        counted = f"{returned} of {payment[1].amount} returned already"
+        return (Rejection.EXCEEDS_UNRETURNED, f"return of {amount} exceeds the {max(unreturned, 0)} unreturned "
+                                              f"of {paid} ({counted})")
+    return Returned(payment[0].account_id, payment[1].account_id, amount, tuple(s.transaction_id for s in steps))

@@ -826,3 +826,96 @@ hold h1 u:USD 5.00                          | ok
 tx t1 u:USD=-0.01 v:USD@h1=0.01             | invalid_command | u:USD=10.00/5.00 v:USD=0
 tx t2 u:USD=-0.02 v:USD@h1=0.01 v:USD=0.01  | invalid_command | u:USD=10.00/5.00 v:USD=0
 """)
+
+
+# --- a payment made in steps: a deposit in transit, fronted, settled, then charged back --------------------------
+
+IN_TRANSIT = """
+open custody:USD USD neg    | ok
+open transit:USD USD neg    | ok
+open shop:USD USD neg       | ok
+open u:pending.USD USD      | ok
+open u:USD USD              | ok
+# initiated 500 (the rails owe it), 200 of it fronted, then settled: the user got 200 early and 300 now
+transfer i1 transit:USD->u:pending.USD 500.00 kind=deposit_initiated          | ok | u:pending.USD=500.00
+transfer f1 u:pending.USD->u:USD 200.00 kind=deposit_fronted                  | ok | u:pending.USD=300.00 u:USD=200.00
+tx s1 custody:USD=-500.00 transit:USD=500.00 u:pending.USD=-300.00 u:USD=300.00 kind=deposit link=i1| ok | u:USD=500.00 u:pending.USD=0 transit:USD=0
+transfer buy u:USD->shop:USD 450.00 kind=purchase                             | ok | u:USD=50.00
+"""
+CB = "kind=chargeback meta=ledger.returns:s1"
+
+
+def test_a_chargeback_of_a_fronted_then_settled_deposit_returns_its_whole_flow_once() -> None:
+    """The settlement alone is four legs, not a payment; with its steps (linked by the chargeback) it nets to
+    custody paying the user 500, so up to 500 goes back: the 50 the user has, 450 on the receivable. Every
+    step counts the chargeback, so the fronting is not returned again on its own and no step is reversed."""
+    ledger = run(IN_TRANSIT + f"""
+tx cb0 u:USD=-1.00 custody:USD=1.00 {CB} id=cb0                               | not_returnable
+tx cb1 u:USD=-1.00 custody:USD=1.00 {CB} link=i1 id=cb1                       | not_returnable
+tx cb2 u:USD=-1.00 custody:USD=1.00 {CB} link=f1 id=cb2                       | not_returnable
+tx cb3 u:USD=-1.00 custody:USD=1.00 {CB} link=i1 link=f1 link=nope id=cb3     | unknown_transaction
+tx cb4 u:USD=-1.00 transit:USD=1.00 {CB} link=i1 link=f1 id=cb4               | not_returnable
+tx cb5 u:USD=-500.01 custody:USD=500.01 {CB} link=i1 link=f1 id=cb5           | exceeds_unreturned
+tx cb6 u:USD=-500.00 custody:USD=500.00 {CB} link=s1 link=i1 link=f1 link=i1 id=cb6| ok | u:USD=0 u:receivable.USD=-450.00 custody:USD=0
+tx cb7 u:USD=-0.01 custody:USD=0.01 {CB} link=i1 link=f1 id=cb7               | exceeds_unreturned
+tx r1 u:USD=-0.01 u:pending.USD=0.01 kind=return meta=ledger.returns:f1       | exceeds_unreturned
+tx r2 u:pending.USD=-0.01 transit:USD=0.01 kind=return meta=ledger.returns:i1 | exceeds_unreturned
+reverse v1 f1 u:USD                                                           | exceeds_unreturned
+reverse v2 s1 u:USD                                                           | exceeds_unreturned
+reverse v3 cb6 u:USD                                                          | not_reversible
+""")
+    records = ledger.state.transactions
+    assert [records[t].returned for t in ("s1", "i1", "f1")] == [50_000] * 3
+    assert records["cb6"].returns == "s1"
+    results = {r.command_id: r for r in ledger.results}
+    assert results["cb7"].detail == "return of 1 exceeds the 0 unreturned of s1 (50000 of 50000 returned already)"
+    assert results["cb1"].detail == ("s1, i1 do not net to one payment that the return's two legs move back from "
+                                    "its payee to its payer")
+    (posted,) = [e for e in results["cb6"].events if isinstance(e, TransactionPosted)]
+    assert posted.legs == (Leg("u:USD", -5_000), Leg("u:receivable.USD", -45_000), Leg("custody:USD", 50_000))
+    assert [(e.transaction_id, e.amount) for e in results["cb6"].events if type(e).__name__ ==
+            "TransactionReturned"] == [("s1", 50_000), ("i1", 50_000), ("f1", 50_000)]
+
+
+def test_a_partial_chargeback_leaves_the_rest_and_a_fronting_clawed_back_earlier_is_not_charged_back_twice() -> None:
+    """What remains unreturned of a flow is its net amount minus the most any step counts: 120 charged back
+    leaves 380; a fronting returned on its own (60 of 200, to pending) counts on that step only, and the flow's
+    next return sees 500 - 180 = 320 left."""
+    run(IN_TRANSIT + f"""
+tx cb1 u:USD=-120.00 custody:USD=120.00 {CB} link=i1 link=f1 id=cb1           | ok | u:USD=0 u:receivable.USD=-70.00
+tx r1 u:USD=-60.00 u:pending.USD=60.00 kind=return meta=ledger.returns:f1     | ok | u:receivable.USD=-130.00 u:pending.USD=60.00
+tx cb2 u:USD=-320.01 custody:USD=320.01 {CB} link=i1 link=f1 id=cb2           | exceeds_unreturned
+tx cb3 u:USD=-320.00 custody:USD=320.00 {CB} link=i1 link=f1 id=cb3           | ok | u:receivable.USD=-450.00 custody:USD=-60.00
+tx r2 u:USD=-0.01 u:pending.USD=0.01 kind=return meta=ledger.returns:f1       | exceeds_unreturned
+""")
+
+
+def test_a_wholly_fronted_deposit_settles_in_two_legs_and_is_charged_back_through_its_steps() -> None:
+    """All 100 fronted: the settlement moves custody to transit only (a two-leg payment, not to the user),
+    so the chargeback's legs do not match it alone and its steps decide."""
+    run(f"""
+open custody:USD USD neg    | ok
+open transit:USD USD neg    | ok
+open u:pending.USD USD      | ok
+open u:USD USD              | ok
+transfer i1 transit:USD->u:pending.USD 100.00                                 | ok
+transfer f1 u:pending.USD->u:USD 100.00                                       | ok
+transfer s1 custody:USD->transit:USD 100.00 link=i1                           | ok | transit:USD=0 u:USD=100.00
+tx cb0 u:USD=-100.00 custody:USD=100.00 {CB} id=cb0                          | not_returnable
+tx cb1 u:USD=-100.00 custody:USD=100.00 {CB} link=i1 link=f1 id=cb1           | ok | u:USD=0 custody:USD=0
+""")
+
+
+def test_every_step_of_a_flow_is_the_clients_own_stands_and_is_no_return() -> None:
+    """A step posted by another client, a reversed one or a return is refused as it would be named alone."""
+    run(IN_TRANSIT + f"""
+transfer f2 u:pending.USD->u:USD 0.01 client=other                            | insufficient_funds
+transfer o1 shop:USD->u:USD 1.00 client=other                                 | ok
+tx cb1 u:USD=-1.00 custody:USD=1.00 {CB} link=i1 link=f1 link=o1 id=cb1       | client_mismatch
+transfer p1 shop:USD->u:USD 1.00                                              | ok
+reverse v1 p1 u:USD                                                           | ok
+tx cb2 u:USD=-1.00 custody:USD=1.00 {CB} link=i1 link=f1 link=p1 id=cb2       | already_reversed
+transfer p2 shop:USD->u:USD 2.00                                              | ok
+tx r1 u:USD=-1.00 shop:USD=1.00 kind=return meta=ledger.returns:p2            | ok
+tx cb3 u:USD=-1.00 custody:USD=1.00 {CB} link=i1 link=f1 link=r1 id=cb3       | not_returnable
+""")
