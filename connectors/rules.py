@@ -362,9 +362,31 @@ class DepositReturned:
     attempt: int = 1
 
 
+@dataclass(frozen=True, slots=True)
+class DepositChargedBack:
+    """The card network (or the bank) takes back a deposit in transit after it settled, in part or in whole,
+    perhaps after the user spent it: what the user's available cannot cover is booked on the user's
+    receivable. The deposit reached the user in steps (initiated, fronted, settled), so the chargeback names
+    the settlement and links to the other steps; the ledger nets them into the one payment custody made to the
+    user and takes back at most what remains unreturned of it (streams/core/returns.py). `fronted` is what
+    was fronted of the deposit (0: none, so there is no fronting step); the `*_attempt` fields name each step's
+    accepted attempt when a first one was refused and sent again."""
+
+    deposit_id: str
+    user: str
+    currency: str
+    amount: Amount
+    fronted: Amount = 0
+    initiation_attempt: int = 1
+    fronting_attempt: int = 1
+    settlement_attempt: int = 1
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
 Event = (DepositConfirmed | WithdrawalRequested | WithdrawalCompleted | WithdrawalFailed | OrderPlaced
          | OrderClosed | TradeExecuted | FxConverted | InternalTransfer | ReversalRequested | DepositReturned
-         | DepositInitiated | DepositFronted | DepositSettled | DepositFailed)
+         | DepositInitiated | DepositFronted | DepositSettled | DepositFailed | DepositChargedBack)
 
 
 # --- account names ----------------------------------------------------------------------------------------
@@ -463,9 +485,9 @@ def _currency(code: Any, ctx: Context, field: str) -> Currency:
     return currency
 
 
-def _attempt(value: Any) -> int:
+def _attempt(value: Any, field: str = "attempt") -> int:
     if type(value) is not int or value < 1:
-        raise InvalidEvent("attempt", f"must be an integer >= 1, got {value!r}")
+        raise InvalidEvent(field, f"must be an integer >= 1, got {value!r}")
     return value
 
 
@@ -967,6 +989,28 @@ def _deposit_failed(e: DepositFailed, ctx: Context, spec: RuleSpec) -> tuple[Rou
                                metadata=spec.meta(attempt, deposit_id=dep, fronted=str(fronted)),
                                links=(_command_id(RULES[DepositInitiated].name, dep, 1),))
     return (*clawback, written_off)
+
+
+@rule("deposit_charged_back", 1, DepositChargedBack)
+def _deposit_charged_back(e: DepositChargedBack, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """The settled deposit's money back from the user to custody, as a return of the payment its steps make
+    together: ``ledger.returns`` names the settlement, the links name it and the initiation and fronting. One
+    chargeback per deposit (the id is the deposit's); the ledger refuses more than remains unreturned."""
+    dep = _business_id(e.deposit_id, "deposit_id")
+    user = _user(e.user, "user")
+    cur = _currency(e.currency, ctx, "currency")
+    amount = to_minor(e.amount, cur, "amount")
+    fronted = to_minor(e.fronted, cur, "fronted", allow_zero=True)
+    attempt = _attempt(e.attempt)
+    settled = _command_id(RULES[DepositSettled].name, dep, _attempt(e.settlement_attempt, "settlement_attempt"))
+    initiated = _command_id(RULES[DepositInitiated].name, dep, _attempt(e.initiation_attempt, "initiation_attempt"))
+    fronting = _command_id(RULES[DepositFronted].name, dep, _attempt(e.fronting_attempt, "fronting_attempt"))
+    return (_transaction(ctx, _command_id(spec.name, dep, attempt),
+                         [_leg(user_account(user, cur.code), -amount, cur.code),
+                          _leg(custody_account(cur.code), amount, cur.code)],
+                         kind="chargeback", reference=dep, occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms"),
+                         metadata={**spec.meta(attempt, deposit_id=dep, fronted=str(fronted)), RETURNS_KEY: settled},
+                         links=(settled, initiated, *((fronting,) if fronted else ()))),)
 
 
 RULE_VERSIONS: dict[str, int] = {spec.name: spec.version for spec in RULES.values()}

@@ -20,6 +20,7 @@ from collections import defaultdict
 from connectors import rules
 from connectors.rules import (
     Context,
+    DepositChargedBack,
     DepositConfirmed,
     DepositFailed,
     DepositFronted,
@@ -190,6 +191,10 @@ class Scenario:
 
     def deposit_failed(self, deposit_id, user, currency, amount, fronted="0", expect="accepted", **kw):
         return self.send(DepositFailed(deposit_id, user, currency, amount, fronted, **kw), expect)
+
+    def deposit_charged_back(self, deposit_id, user, currency, amount, fronted="0", expect="accepted",
+                             duplicate=None, **kw) -> "Scenario":
+        return self.send(DepositChargedBack(deposit_id, user, currency, amount, fronted, **kw), expect, duplicate)
 
     def at(self, ms: int) -> "Scenario":
         """Move log time on: the next records are written at ms (+1 each). Holds due by then expire when their

@@ -10,6 +10,7 @@ from connectors import rules
 from connectors.rules import (
     BOT,
     Context,
+    DepositChargedBack,
     DepositConfirmed,
     FxConverted,
     InternalTransfer,
@@ -38,6 +39,7 @@ EVENTS = [
     OrderClosed("bid-1", "alice", "buy", "BTC", "USDT"),
     FxConverted("x1", "alice", "USD", "EUR", "100.00", "0.92", "snap-1"),
     InternalTransfer("g1", "alice", "bob", "ETH", "0.000000000000000001"),
+    DepositChargedBack("p1", "alice", "USD", "12.50", fronted="5"),
 ]
 
 
@@ -194,3 +196,22 @@ def test_rules_are_pure():
     allowed = {"__future__", "dataclasses", "re", "typing", "streams", "streams.core.money",
                "streams.core.rejections", "streams.core.settlement", "streams.core.fx", "streams.core.returns", "streams.wire"}
     assert imported <= allowed, imported - allowed
+
+
+def test_a_chargeback_of_a_settled_deposit_names_the_settlement_and_links_every_step():
+    body = plan(DepositChargedBack("p1", "alice", "USD", "12.50", fronted="5", fronting_attempt=2,
+                                   settlement_attempt=3, attempt=2)).commands[0].record["body"][1]
+    assert body["transaction_id"] == "deposit_charged_back:p1#2"
+    assert (body["kind"], body["reference"]) == ("chargeback", "p1")
+    assert body["links"] == ["deposit_settled:p1#3", "deposit_initiated:p1", "deposit_fronted:p1#2"]
+    assert body["metadata"]["ledger.returns"] == "deposit_settled:p1#3"
+    assert (body["metadata"]["fronted"], body["metadata"]["deposit_id"]) == ("500", "p1")
+    assert [(leg["account_id"], leg["amount"]) for leg in body["legs"]] == [
+        ("user:alice:USD", "-1250"), ("sys:custody:USD", "1250")]
+    unfronted = plan(DepositChargedBack("p1", "alice", "USD", 1)).commands[0].record["body"][1]
+    assert unfronted["links"] == ["deposit_settled:p1", "deposit_initiated:p1"]
+    with pytest.raises(rules.InvalidEvent) as bad:
+        plan(DepositChargedBack("p1", "alice", "USD", 1, settlement_attempt=0))
+    assert bad.value.field == "settlement_attempt"
+    with pytest.raises(rules.InvalidAmount):
+        plan(DepositChargedBack("p1", "alice", "USD", 0))

@@ -276,3 +276,51 @@ def test_a_deposit_is_never_fronted_beyond_its_amount_nor_settled_claiming_more_
      .deposit_settled("p1", "alice", "USDT", "100", fronted="60", attempt=2)
      .assert_balances({"alice:USDT": "100", "alice:pending.USDT": "0", "sys:in_transit:USDT": "0",
                        "sys:custody:USDT": "-100"}))
+
+
+def test_a_settled_deposit_in_transit_is_charged_back_once_up_to_what_it_paid_the_user():
+    """Alice's card payment of 500 is initiated with 200 fronted and settles; she spends 450 (to bob, another
+    partition). The network charges back 100, then 400: the 50 she has and 450 on her receivable, with the
+    settlement, initiation and fronting all counting it; one cent more is refused (exceeds_unreturned). The
+    chargeback is the deposit's own: a redelivery is a duplicate, the same id with another amount a conflict.
+    A deposit never fronted (its settlement credits her directly) is charged back through its initiation."""
+    s = (Scenario().users("alice", "bob")
+         .deposit_initiated("p1", "alice", "USDT", "500", fronted="200")
+         .deposit_settled("p1", "alice", "USDT", "500", fronted="200")
+         .transfer("t1", "alice", "bob", "USDT", "450")
+         .deposit_charged_back("p1", "alice", "USDT", "100", fronted="200")
+         .assert_balances({"alice:USDT": "0", "alice:receivable.USDT": "-50", "sys:custody:USDT": "-400",
+                           "sys:in_transit:USDT": "0", "alice:pending.USDT": "0", "bob:USDT": "450"})
+         .deposit_charged_back("p1", "alice", "USDT", "100", fronted="200", duplicate=True)
+         .deposit_charged_back("p1", "alice", "USDT", "400", fronted="200", expect="id_conflict")
+         .deposit_charged_back("p1", "alice", "USDT", "400.000001", fronted="200", attempt=2,
+                               expect="exceeds_unreturned")
+         .deposit_charged_back("p1", "alice", "USDT", "400", fronted="200", attempt=3)
+         .assert_balances({"alice:USDT": "0", "alice:receivable.USDT": "-450", "sys:custody:USDT": "0"})
+         .deposit_charged_back("p1", "alice", "USDT", "0.000001", fronted="200", attempt=4,
+                               expect="exceeds_unreturned")
+         # without its fronting the steps do not net to a payment to alice
+         .deposit_charged_back("p1", "alice", "USDT", "1", attempt=5, expect="not_returnable")
+         .deposit_charged_back("p404", "alice", "USDT", "1", expect="unknown_transaction"))
+    legs = s.history("deposit_charged_back:p1#3")
+    assert sorted((h["account_id"].split("@")[0], h["amount"], h["kind"], tuple(h["links"])) for h in legs) == [
+        ("sys:custody:USDT", "400000000", "chargeback", ("deposit_settled:p1", "deposit_initiated:p1",
+                                                         "deposit_fronted:p1")),
+        ("user:alice:receivable.USDT", "-400000000", "chargeback", ("deposit_settled:p1", "deposit_initiated:p1",
+                                                                    "deposit_fronted:p1"))]
+    (s.deposit_initiated("p2", "alice", "USDT", "70")
+     .deposit_settled("p2", "alice", "USDT", "70")
+     .assert_balances({"alice:USDT": "70", "sys:in_transit:USDT": "0"})
+     .deposit_charged_back("p2", "alice", "USDT", "70")
+     .assert_balances({"alice:USDT": "0", "alice:receivable.USDT": "-450", "sys:custody:USDT": "0"}))
+
+
+def test_a_wholly_fronted_deposit_is_charged_back_after_it_settled():
+    """All 300 fronted: the settlement only moves custody's money to in-transit; the chargeback still finds
+    the payment to alice through the fronting."""
+    (Scenario().users("alice")
+     .deposit_initiated("p1", "alice", "USDT", "300", fronted="300")
+     .deposit_settled("p1", "alice", "USDT", "300", fronted="300")
+     .assert_balances({"alice:USDT": "300", "alice:pending.USDT": "0", "sys:in_transit:USDT": "0"})
+     .deposit_charged_back("p1", "alice", "USDT", "300", fronted="300")
+     .assert_balances({"alice:USDT": "0", "sys:custody:USDT": "0"}))
