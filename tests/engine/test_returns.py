@@ -1,8 +1,11 @@
 """Returns and chargebacks through the broker: a partial return, a chargeback after the money was spent (the
 rest overdrawn into the user's receivable, opened by the worker), an over-return and an unknown payment refused,
-and the oracles after. Each decision rule has its table-driven case in tests/core/test_scenarios.py."""
+a settled deposit in transit charged back through the rules (deposit_charged_back), and the oracles after. Each
+decision rule has its table-driven case in tests/core/test_scenarios.py, each rule its scenario in
+tests/rules/test_scenarios.py; one worker serves the whole test."""
 from __future__ import annotations
 
+from connectors import rules
 from connectors.client import LedgerClient, Leg
 from projections.topics import read_topic
 from projections.verify import format_report, verify, wait_quiescent
@@ -31,6 +34,30 @@ def test_a_chargeback_after_the_money_is_spent_overdraws_into_the_receivable(set
             ("sys:world:USD", "7000", ("dep-1",), "chargeback"),
             ("user:bo:USD", "-500", ("dep-1",), "chargeback"),
             ("user:bo:receivable.USD", "-6500", ("dep-1",), "chargeback")]
+
+        # A card deposit of 100.00, 40.00 fronted, settles; 90.00 is spent; the network charges all of it back.
+        ctx = rules.Context(client_id="gateway")
+        ids = [gateway.open_account("user:cy:USD", "USD")]
+        for event in (rules.DepositInitiated("card-1", "cy", "USD", "100.00", fronted="40.00"),
+                      rules.DepositSettled("card-1", "cy", "USD", "100.00", fronted="40.00")):
+            ids += gateway.submit(rules.plan(event, ctx))
+        ids.append(gateway.post("wd-cy", [Leg("user:cy:USD", -9_000), Leg("sys:world:USD", 9_000)]))
+        assert [outcome(r) for r in gateway.wait(ids).values()] == ["accepted"] * len(ids)
+        ids = [*gateway.submit(rules.plan(rules.DepositChargedBack("card-1", "cy", "USD", "100.00", fronted="40.00"),
+                                          ctx)),
+               *gateway.submit(rules.plan(rules.DepositChargedBack("card-1", "cy", "USD", "0.01", fronted="40.00",
+                                                                   attempt=2), ctx))]
+        results = gateway.wait(ids)
+        assert [outcome(results[i]) for i in ids] == ["accepted", "exceeds_unreturned"]
+        balances = latest_balances(settings)
+        assert (balances["user:cy:USD"]["posted"], balances["user:cy:receivable.USD"]["posted"],
+                balances["user:cy:pending.USD"]["posted"]) == ("0", "-9000", "0")
+        assert sum(int(b["posted"]) for account, b in balances.items()
+                   if account.split("@")[0] in ("sys:custody:USD", "sys:in_transit:USD")) == 0
+        charged = [r.value for r in read_topic(settings, "history")
+                   if r.value["transaction_id"] == "deposit_charged_back:card-1"]
+        assert sorted((h["account_id"].split("@")[0], h["amount"]) for h in charged) == [
+            ("sys:custody:USD", "10000"), ("user:cy:USD", "-1000"), ("user:cy:receivable.USD", "-9000")]
         assert wait_quiescent(settings)
         report = verify(settings)
         assert report.ok, format_report(report)
