@@ -16,7 +16,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -395,17 +395,24 @@ class LedgerClient:
         return self.send(command_id or transaction_id, "ReverseTransaction", body, account_id)
 
     def return_payment(self, transaction_id: str, returns: str, payee: str, payer: str, amount_minor: int, *,
-                       kind: str = "return", reference: str | None = None, command_id: str | None = None) -> str:
+                       kind: str = "return", reference: str | None = None, command_id: str | None = None,
+                       steps: Sequence[str] = ()) -> str:
         """Return (kind "return", a bank's returned deposit) or charge back (kind "chargeback") amount_minor of
         the payment `returns`, from its payee back to its payer, linked to it. Decided where the payment was
         (routed by its customer account); refused unknown_transaction, client_mismatch, already_reversed,
         not_returnable or exceeds_unreturned (more than what remains unreturned). What the payee has spent
-        is taken from its receivable (streams/core/returns.py, docs/wallet-operations.md)."""
+        is taken from its receivable (streams/core/returns.py, docs/wallet-operations.md). steps: the other
+        transactions of a payment made in steps (a deposit initiated and fronted, `returns` naming its
+        settlement), linked too: the ledger judges the return against what they pay together."""
         if type(amount_minor) is not int or amount_minor <= 0:
             raise ClientValidationError(f"a return amount must be a positive int of minor units, got {amount_minor!r}")
         _require_id(returns, "returns")
+        if isinstance(steps, str):
+            raise ClientValidationError("steps must be a list of transaction ids, not one string")
+        for step in steps:
+            _require_id(step, "steps")
         return self.post(transaction_id, [Leg(payee, -amount_minor), Leg(payer, amount_minor)], kind=kind,
-                         reference=reference, links=[returns], metadata={RETURNS_KEY: returns},
+                         reference=reference, links=[returns, *steps], metadata={RETURNS_KEY: returns},
                          command_id=command_id)
 
     def register_currency(self, code: str, scale: int, *, command_id: str | None = None) -> list[str]:

@@ -10,7 +10,8 @@
     {"type": "freeze" | "unfreeze" | "close", "account": "user:1:USD"}
     {"type": "reverse", "id": "rev-1", "transaction": "dep-1", "account": "user:1:USD"}
     {"type": "return", "id": "cb-1", "transaction": "dep-1", "payee": "user:1:USD", "payer": "sys:world:USD",
-     "amount": "4.00", "kind": "chargeback"}                          (kind: "return" by default)
+     "amount": "4.00", "kind": "chargeback"}                          (kind: "return" by default; "steps":
+                                              the other transactions of a payment made in steps, linked too)
 
 Amounts are in major units with at most the currency's scale ("10.00" USD, "0.5" BTC), converted exactly;
 more digits than the scale is an error, never a rounding. A currency registered at runtime is parsed with
@@ -149,7 +150,11 @@ def parse_line(number: int, text: str, currencies: CurrencyRegistry = DEFAULT_CU
         amount = _minor(obj.get("amount"), routing.system_currency(payee), currencies, "amount")
         returns, return_id = _text(obj, "transaction"), _text(obj, "id")
         return_kind = _optional_text(obj, "kind") or "return"
-        return Parsed(number, lambda c: c.return_payment(return_id, returns, payee, payer, amount, kind=return_kind))
+        steps = obj.get("steps") or []
+        if not isinstance(steps, list) or not all(isinstance(x, str) and x for x in steps):
+            raise LineError("'steps' must be a list of transaction ids")
+        return Parsed(number, lambda c: c.return_payment(return_id, returns, payee, payer, amount, kind=return_kind,
+                                                         steps=steps))
     names = {"freeze": "FreezeAccount", "unfreeze": "UnfreezeAccount", "close": "CloseAccount"}
     if kind in names:
         account = _text(obj, "account")

@@ -88,3 +88,11 @@ def test_a_return_line_is_a_transaction_naming_its_payment():
     assert (body["kind"], body["links"], body["metadata"]) == ("chargeback", ["dep-1"], {"ledger.returns": "dep-1"})
     assert [(leg["account_id"], leg["amount"]) for leg in body["legs"]] == [("user:a:USD", "-400"),
                                                                              ("sys:world:USD", "400")]
+    # a payment made in steps: the return names its last step and links to the others
+    lines, bad = parse_import([line(JAN_1_2020, type="return", id="cb-2", transaction="settle-1", payee="user:a:USD",
+                                    payer="sys:custody:USD", amount="1.00", steps=["init-1", "front-1"]),
+                               line(JAN_1_2020 + 1, type="return", id="cb-3", transaction="settle-1",
+                                    payee="user:a:USD", payer="sys:custody:USD", amount="1.00", steps="init-1")],
+                              "importer")
+    assert lines[0].record["body"][1]["links"] == ["settle-1", "init-1", "front-1"]
+    assert bad == [(2, "'steps' must be a list of transaction ids")]
