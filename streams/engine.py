@@ -40,6 +40,7 @@ Any failure in steps 3-5 raises; the worker must then exit without acking (see s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -534,14 +535,12 @@ class Engine:
         marks: dict[int, dict[bytes, bytes]] = {}
         for p, (outputs, _) in batches.items():  # 3.
             producer = self.producers[p]
-            try:
-                producer.begin_transaction()
-            except KafkaException as exc:
-                self._raise(p, exc)
             marks[p] = {COVERED_KEY: str(upto[p]).encode()}
-            if self._snapshot_due(p, owned[p]):
-                marks[p][SNAPSHOT_KEY] = self._send_snapshot(p, producer, owned[p])
-            self._send(outputs, producer)
+            with self._failing_as_delivery(p):  # a fence can come back from any of these calls
+                producer.begin_transaction()
+                if self._snapshot_due(p, owned[p]):
+                    marks[p][SNAPSHOT_KEY] = self._send_snapshot(p, producer, owned[p])
+                self._send(outputs, producer)
         # No flush here: the outputs, redo records and mark are one transaction, all visible or none, so the
         # outputs need not be acknowledged before the redo records are sent; step 4's flush covers both.
         crash_point("after_outputs", batches)
@@ -570,8 +569,15 @@ class Engine:
 
     def _commit_partition(self, p: int, changelog: list[bytes], covered: int, last: dict[int, int]) -> None:
         """Step 4 for one partition: its redo records and covered mark, then the transaction's commit."""
-        try:
+        with self._failing_as_delivery(p):
             self._commit_transaction(p, changelog, covered, last)
+
+    @contextlib.contextmanager
+    def _failing_as_delivery(self, p: int):
+        """A Kafka error of partition p's transaction ends the batch unacknowledged as DeliveryFailed, a fence
+        named as one (_raise), whichever call of steps 3-4 it came from."""
+        try:
+            yield
         except KafkaException as exc:
             self._raise(p, exc)
         except SystemError as exc:

@@ -1,4 +1,4 @@
-"""A fence is recognised however confluent-kafka hands it back (broker-free).
+"""A fence is recognised however confluent-kafka hands it back, from whichever call of steps 3-4 (broker-free).
 
 A fatal error (the fence) raised from inside Producer.flush() comes out wrapped in a SystemError when
 librdkafka logs a line in the same call: the Python log callback runs with the KafkaException pending and
@@ -72,3 +72,38 @@ def test_a_send_refused_after_the_producer_became_fatal_is_named_by_the_fatal_er
     with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed):
         eng._commit_partition(3, [], 10, {})
     assert not any("transaction fenced" in r.getMessage() for r in caplog.records)
+
+
+class _FencedWhileSending:
+    """A transactional producer fenced after its transaction began: every send is refused with the fence, as
+    librdkafka refuses them once another worker has the partition's transactional id."""
+
+    def __init__(self):
+        self.sent = 0
+
+    def begin_transaction(self):
+        pass
+
+    def produce(self, *args, **kwargs):
+        self.sent += 1
+        raise _fence()
+
+    def __len__(self):
+        return 0
+
+
+@pytest.mark.parametrize("snapshot_due", [True, False], ids=["sending-a-snapshot", "sending-outputs"])
+def test_a_fence_while_step_3_sends_ends_the_batch_unacknowledged(tmp_path, caplog, monkeypatch, snapshot_due):
+    """Step 3 sends a snapshot's chunks and the batch's outputs into the open transaction; a fence refusing
+    those sends is named and ends the batch like one at the commit, not as a bare KafkaException."""
+    from streams import engine as engine_module
+    monkeypatch.setattr(engine_module, "SNAPSHOT_EVERY", 1 if snapshot_due else 0)
+    eng = Engine(NO_BROKER, tmp_path)
+    proc = eng.processor(3)
+    proc.state.store.write({b"a/x": b"{}"}, set())  # something to snapshot
+    proc.dead_letter(0, 0, b"k", b"\x00", "undecodable", "a record to send")  # an output
+    producer = eng.producers[3] = _FencedWhileSending()
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match="partition 3: transaction failed"):
+        eng.commit({3: 5}, {3: 1})
+    assert producer.sent == 1
+    assert any("transaction fenced" in r.getMessage() for r in caplog.records), caplog.text
