@@ -919,3 +919,64 @@ transfer p2 shop:USD->u:USD 2.00                                              | 
 tx r1 u:USD=-1.00 shop:USD=1.00 kind=return meta=ledger.returns:p2            | ok
 tx cb3 u:USD=-1.00 custody:USD=1.00 {CB} link=i1 link=f1 link=r1 id=cb3       | not_returnable
 """)
+
+
+_STEP_OPS = st.one_of(
+    st.tuples(st.just("flow"), st.integers(1, 12_000)),      # a chargeback of the whole flow
+    st.tuples(st.just("fronting"), st.integers(1, 12_000)),  # the fronting returned on its own, to pending
+    st.tuples(st.just("initiation"), st.integers(1, 12_000)),  # the initiation returned on its own
+    st.tuples(st.sampled_from(["reverse i1", "reverse f1", "reverse s1"]), st.just(0)),
+)
+
+
+@given(amount=st.integers(1, 10_000), fronted=st.integers(0, 10_000), spent=st.integers(0, 10_000),
+       ops=st.lists(_STEP_OPS, max_size=8))
+def test_no_mix_of_returns_of_a_flow_and_of_its_steps_takes_back_more_than_the_deposit(amount, fronted, spent,
+                                                                                         ops) -> None:
+    """Whatever mix of chargebacks of a settled deposit's flow, returns of its fronting or initiation alone and
+    reversals of its steps: the user loses at most the deposit through returns (flow + initiation; a fronting
+    returned to pending stays the user's), at most the deposit leaves the user's account through them (flow +
+    fronting), each step counts exactly the returns that named it or its flow, and nothing is returned through
+    a reversed step, nor a step reversed once returned."""
+    fronted, spent = min(fronted, amount), min(spent, amount)
+    cents = lambda minor: f"{minor // 100}.{minor % 100:02d}"  # noqa: E731
+    settle = [f"custody:USD=-{cents(amount)}", f"transit:USD={cents(amount)}"]
+    if amount > fronted:
+        settle += [f"u:pending.USD=-{cents(amount - fronted)}", f"u:USD={cents(amount - fronted)}"]
+    ledger = run("""
+open custody:USD USD neg | ok
+open transit:USD USD neg | ok
+open shop:USD USD neg    | ok
+open u:pending.USD USD   | ok
+open u:USD USD           | ok
+""" + f"transfer i1 transit:USD->u:pending.USD {cents(amount)} | ok\n"
+        + (f"transfer f1 u:pending.USD->u:USD {cents(fronted)} | ok\n" if fronted else "")
+        + f"tx s1 {' '.join(settle)} | ok\n"
+        + (f"transfer buy u:USD->shop:USD {cents(spent)} | ok\n" if spent else ""))
+    steps = ["s1", "i1"] + (["f1"] if fronted else [])
+    links = " ".join(f"link={step}" for step in steps)
+    lines = {"flow": f"u:USD=-{{x}} custody:USD={{x}} kind=chargeback meta=ledger.returns:s1 {links}",
+             "fronting": "u:USD=-{x} u:pending.USD={x} kind=return meta=ledger.returns:f1",
+             "initiation": "u:pending.USD=-{x} transit:USD={x} kind=return meta=ledger.returns:i1"}
+    taken = {"flow": 0, "fronting": 0, "initiation": 0}
+    counted = dict.fromkeys(steps, 0)
+    reversed_steps: set[str] = set()
+    for number, (op, x) in enumerate(ops, start=100):
+        if op in lines:
+            result = ledger.attempt(number, f"tx o{number} " + lines[op].format(x=cents(x)) + f" id=o{number}")
+            named = steps if op == "flow" else [{"fronting": "f1", "initiation": "i1"}[op]]
+            if result.accepted:
+                assert not reversed_steps.intersection(named), (op, reversed_steps)
+                taken[op] += x
+                for step in named:
+                    counted[step] += x
+        else:
+            step = op.split()[1]
+            result = ledger.attempt(number, f"reverse o{number} {step} u:USD id=o{number}")
+            if result.accepted:
+                assert counted.get(step, 0) == 0, (step, counted)
+                reversed_steps.add(step)
+    assert taken["flow"] + taken["initiation"] <= amount
+    assert taken["flow"] + taken["fronting"] <= amount
+    records = ledger.state.transactions
+    assert {step: records[step].returned for step in steps} == counted
