@@ -351,7 +351,10 @@ def main() -> None:
         if args.profile:
             profiler = cProfile.Profile()
             profiler.runcall(bench.transfers, 0, args.transfers, args.in_flight)
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+            stats = pstats.Stats(profiler)
+            stats.sort_stats("tottime").print_stats(30)
+            if os.environ.get("BENCH_PROFILE_CUMULATIVE"):
+                stats.sort_stats("cumulative").print_stats(60)
             return
         # A warm-up run (caches, RocksDB memtables), then the timed run and the run with phase timers.
         bench.transfers(0, min(args.transfers, 5_000), args.in_flight)

@@ -204,6 +204,7 @@ class Spanning:
         participants = list(self.plan(tx).participants)
         record = InFlight.begun(command_to_wire(tx)["body"][1], tx.at_ms, participants, proc.fingerprint(tx))
         own: list[tuple[str, Any]] = []
+        held: dict[str, Any] = {}
         for p in participants:
             body = {"transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
                     "coordinator_partition": proc.partition, "transaction": record.tx}
@@ -214,12 +215,12 @@ class Spanning:
             # in place (no Vote to itself), in the begin record's StateChange: a crash before it leaves only
             # the internal holds' own steps, which the redo finds done. A refusal of the whole (its rate,
             # double entry) is part of this vote, weighed with the others' as one partition weighs its stages.
-            failure, own = self._reserve_share(key, tx, offset, tx.at_ms, copy=False, refusals=refusals)
+            failure, own, held = self._reserve_share(key, tx, offset, tx.at_ms, copy=False, refusals=refusals)
             record = record.with_vote(p, *self._vote_of(tx, failure))
         proc.commit_change(ENGINE_CLIENT, names.step_id(key, names.BEGIN), "", offset,
                            _accepted(names.step_id(key, names.BEGIN), tx.at_ms,
                                      f"reserving in partitions {participants}"),
-                           records=[*own, (coordinator_key(key), record.to_json())])
+                           records=[*own, (coordinator_key(key), record.to_json())], **held)
 
     def cancel_copies(self, tx: core.PostTransaction) -> None:
         """The coordinator refused a transaction its producer placed in several partitions: the copies'
@@ -316,6 +317,7 @@ class Spanning:
         reservation = self._reservation(key)
         failure: tuple[Rejection, str] | None = None
         records: list[tuple[str, Any]] = []
+        held: dict[str, Any] = {}
         if reservation is not None and reservation.copy == proc.fingerprint(tx):
             # Reserved already at the position of the producer's own copy: that is this partition's vote.
             records = [(reservation_key(key), reservation.confirmed().to_json()), *self._without_timeout(key)]
@@ -328,11 +330,11 @@ class Spanning:
             if copied and copied["outcome"] == "rejected":  # the copy could not reserve: that is the vote
                 failure = Rejection.from_code(copied["reason"]), copied["detail"]
             else:
-                failure, records = self._reserve_share(key, tx, offset, at_ms, copy=False, refusals=refusals)
+                failure, records, held = self._reserve_share(key, tx, offset, at_ms, copy=False, refusals=refusals)
         reason, detail = self._vote_of(tx, failure)
         wire = _accepted(command_id, at_ms) if failure is None else \
             rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, failure[0], failure[1])
-        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records)
+        proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records, **held)
         coordinator = body["coordinator_partition"]
         self._send(key, "Vote", coordinator, self._key_in(tx, coordinator), at_ms, {
             "transaction_client_id": body["transaction_client_id"],
@@ -358,16 +360,19 @@ class Spanning:
 
     def _reserve_share(self, key: str, tx: core.PostTransaction, offset: int, at_ms: int, copy: bool,
                        refusals: list[tuple[Rejection, str]] = ()
-                       ) -> tuple[tuple[Rejection, str] | None, list[tuple[str, Any]]]:
+                       ) -> tuple[tuple[Rejection, str] | None, list[tuple[str, Any]], dict[str, Any]]:
         """Reserve this partition's legs of tx (all or nothing). Returns (the most urgent failure, engine
-        records to write); on success the last record is the reservation ``r/<key>``. refusals: failures of
-        the whole transaction the coordinator found, weighed with this partition's own."""
+        records to write, the internal holds' writes as commit_change's accounts, holds and history); on
+        success the last record is the reservation ``r/<key>``. Both go into the StateChange of the step that
+        reserves: the internal holds are decided by the core but are not steps of their own (no inbox entry,
+        no result), so a reservation is one StateChange. refusals: failures of the whole transaction the
+        coordinator found, weighed with this partition's own."""
         proc, state = self.proc, self.state
         where = self.plan(tx)
         mine = [tx.legs[i] for i in where.legs_in(proc.partition) if not routing.is_system(tx.legs[i].account_id)]
         terms = settlement.terms_of(tx.metadata)
         if type(terms) is str:
-            return (Rejection.INVALID_COMMAND, terms), []
+            return (Rejection.INVALID_COMMAND, terms), [], {}
         failures: list[tuple[Rejection, str]] = []
         locks: dict[str, list] = {}  # hold id -> [account, amount]
         taken: dict[str, int] = defaultdict(int)  # hold id -> what this transaction captures of it here
@@ -419,14 +424,17 @@ class Spanning:
                                        credits)
             failures = [] if budget is None else [budget]
         if failures:
-            return _most_urgent(failures), []
+            return _most_urgent(failures), [], {}
         placed: list[list] = []  # [internal hold id, account, amount]
+        held: dict[str, Any] = {"accounts": {}, "holds": {}, "history": ()}
         for account_id, hold in holds.items():
-            result = proc.execute(hold, offset)
-            if result.outcome != "accepted":  # judged above: only a repeated id could get here
-                for hold_id, account_id, _ in placed:
-                    self._release(key, hold_id, account_id, offset, at_ms, tag)
-                return (result.reason, result.detail), []
+            # One hold per account, so no hold's decision reads an account another one changed (unstaged).
+            result, changes = core.execute(state, hold, proc.currencies)
+            if result.outcome != "accepted":  # judged above: nothing is staged yet, so nothing to undo
+                return (result.reason, result.detail), [], {}
+            held["accounts"].update(changes.accounts)
+            held["holds"].update(changes.holds)
+            held["history"] += changes.history
             placed.append([hold.hold_id, account_id, hold.amount])
         records: list[tuple[str, Any]] = []
         for hold_id, (account_id, amount) in locks.items():
@@ -446,7 +454,8 @@ class Spanning:
                                   credits=tuple(credits.items()), at_ms=at_ms, tx=command_to_wire(tx)["body"][1],
                                   tag=tag, copy=proc.fingerprint(tx) if copy else None)
         records.append((reservation_key(key), reservation.to_json()))
-        return None, records
+        return None, records, {"accounts": list(held["accounts"].values()), "holds": list(held["holds"].values()),
+                               "history": held["history"]}
 
     def _system_failures(self, key: str, tx: core.PostTransaction, offset: int,
                          at_ms: int) -> list[tuple[Rejection, str]]:
@@ -520,14 +529,14 @@ class Spanning:
             proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset,
                                _accepted(copy_id, tx.at_ms, "nothing to reserve"))
             return
-        failure, records = self._reserve_share(key, tx, offset, tx.at_ms, copy=True)
+        failure, records, held = self._reserve_share(key, tx, offset, tx.at_ms, copy=True)
         if failure is None:
             records.append((copy_due_key(tx.at_ms + COPY_WAIT_MS, key), 1))
             wire = _accepted(copy_id, tx.at_ms, "reserved")
         else:
             wire = rejection_to_wire(copy_id, ENGINE_CLIENT, tx.at_ms, failure[0],
                                      limits.clip(failure[1], VOTE_DETAIL_CHARS))
-        proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset, wire, records=records)
+        proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset, wire, records=records, **held)
 
     def _without_timeout(self, key: str) -> list[tuple[str, Any]]:
         """The engine records that end the wait of a copy's reservation for transaction key T (none if none)."""
@@ -832,6 +841,8 @@ class Spanning:
     def _system_shards(self, key: str, reservation: Reservation) -> list[str]:
         """The local shards of the system accounts the transaction names, when this partition coordinates it
         (its reservation marked them: a freeze or close of them waits)."""
+        if not any(routing.is_system(leg["account_id"]) for leg in reservation.tx["legs"]):
+            return []  # (most transfers: no need to decode the transaction)
         client_id, command_id = key.split("/", 1)
         tx = self._transaction({"transaction_client_id": client_id, "transaction_command_id": command_id,
                                 "transaction": reservation.tx}, reservation.at_ms)
