@@ -908,17 +908,19 @@ tx cb1 u:USD=-100.00 custody:USD=100.00 {CB} link=i1 link=f1 id=cb1           | 
 
 def test_every_step_of_a_flow_is_the_clients_own_stands_and_is_no_return() -> None:
     """A step posted by another client, a reversed one or a return is refused as it would be named alone."""
-    run(IN_TRANSIT + f"""
+    ledger = run(IN_TRANSIT + f"""
 transfer f2 u:pending.USD->u:USD 0.01 client=other                            | insufficient_funds
 transfer o1 shop:USD->u:USD 1.00 client=other                                 | ok
 tx cb1 u:USD=-1.00 custody:USD=1.00 {CB} link=i1 link=f1 link=o1 id=cb1       | client_mismatch
 transfer p1 shop:USD->u:USD 1.00                                              | ok
 reverse v1 p1 u:USD                                                           | ok
 tx cb2 u:USD=-1.00 custody:USD=1.00 {CB} link=i1 link=f1 link=p1 id=cb2       | already_reversed
-transfer p2 shop:USD->u:USD 2.00                                              | ok
-tx r1 u:USD=-1.00 shop:USD=1.00 kind=return meta=ledger.returns:p2            | ok
+transfer p2 custody:USD->u:USD 2.00                                           | ok
+tx r1 u:USD=-1.00 custody:USD=1.00 kind=return meta=ledger.returns:p2         | ok
 tx cb3 u:USD=-1.00 custody:USD=1.00 {CB} link=i1 link=f1 link=r1 id=cb3       | not_returnable
 """)
+    # with the return r1 the steps would net to custody paying u 499.00: a return is never a step all the same
+    assert ledger.results[-1].detail == "transaction r1 is a return, not a step of s1"
 
 
 _STEP_OPS = st.one_of(
