@@ -14,8 +14,9 @@ def line(at_ms: int, **fields) -> str:
     return json.dumps({**fields, "at_ms": at_ms})
 
 
-def legs(*pairs: tuple[str, str]) -> list[dict]:
-    return [{"account": a, "amount": v} for a, v in pairs]
+def legs(*pairs: tuple[str, ...]) -> list[dict]:
+    """(account, amount) or (account, amount, currency) per leg."""
+    return [{"account": a, "amount": v, **({"currency": c[0]} if c else {})} for a, v, *c in pairs]
 
 
 def test_each_line_keeps_its_time_and_the_check_predicts_every_decision():
@@ -96,3 +97,31 @@ def test_a_return_line_is_a_transaction_naming_its_payment():
                               "importer")
     assert lines[0].record["body"][1]["links"] == ["settle-1", "init-1", "front-1"]
     assert bad == [(2, "'steps' must be a list of transaction ids")]
+
+
+def test_the_staged_check_predicts_a_chargeback_of_a_deposit_made_in_steps():
+    """An imported card deposit of 50.00, 20.00 fronted, settled, all spent: its chargeback names the
+    settlement and lists the other steps; one without them is predicted not_returnable, and more than the
+    deposit exceeds_unreturned."""
+    at = iter(range(JAN_1_2020, JAN_1_2020 + 100))
+    pending = "user:cy:pending.USD"  # its id does not end in its currency: the legs state it
+    cb = {"type": "return", "transaction": "settle-1", "payee": "user:cy:USD", "payer": "sys:custody:USD"}
+    text = [line(next(at), type="open", account="user:cy:USD", currency="USD"),
+            line(next(at), type="open", account="user:cy:pending.USD", currency="USD"),
+            line(next(at), type="post", id="init-1", legs=legs(("sys:in_transit:USD", "-50.00"),
+                                                                (pending, "50.00", "USD"))),
+            line(next(at), type="post", id="front-1", legs=legs((pending, "-20.00", "USD"),
+                                                                 ("user:cy:USD", "20.00"))),
+            line(next(at), type="post", id="settle-1", links=["init-1"],
+                 legs=legs(("sys:custody:USD", "-50.00"), ("sys:in_transit:USD", "50.00"),
+                           (pending, "-30.00", "USD"), ("user:cy:USD", "30.00"))),
+            line(next(at), type="post", id="spend-1", legs=legs(("user:cy:USD", "-50.00"),
+                                                                 ("sys:world:USD", "50.00"))),
+            line(next(at), **cb, id="cb-0", amount="50.00", kind="chargeback"),
+            line(next(at), **cb, id="cb-1", amount="50.01", kind="chargeback", steps=["init-1", "front-1"]),
+            line(next(at), **cb, id="cb-2", amount="50.00", kind="chargeback", steps=["init-1", "front-1"])]
+    lines, bad = parse_import(text, "importer")
+    assert not bad
+    assert [(p.command_id, p.outcome) for p in check(lines)][2:] == [
+        ("init-1", "accepted"), ("front-1", "accepted"), ("settle-1", "accepted"), ("spend-1", "accepted"),
+        ("cb-0", "not_returnable"), ("cb-1", "exceeds_unreturned"), ("cb-2", "accepted")]
