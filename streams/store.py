@@ -73,6 +73,13 @@ class RocksStore:
             cache, memtables = _shared_budget()
             table = BlockBasedOptions()
             table.set_block_cache(cache)
+            # The SST files' index and filter blocks in the same cache, instead of held by each file's table
+            # reader outside it: they grow with the data on disk, which grows with history (the inbox keeps
+            # every command id, P4), so outside the cache they were a worker's memory that grew without bound
+            # (rocksdb.estimate-table-readers-mem; docs/engine.md, Memory). Level 0's, read by every lookup
+            # that misses the memtables, stay pinned while their file is in level 0.
+            table.set_cache_index_and_filter_blocks(True)
+            table.set_pin_l0_filter_and_index_blocks_in_cache(True)
             options.set_block_based_table_factory(table)
             options.set_write_buffer_manager(memtables)
             options.set_write_buffer_size(MEMTABLE_BYTES)
@@ -82,7 +89,11 @@ class RocksStore:
         return self._db.get(key)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db.iter(ReadOptions())
+        read = ReadOptions()
+        # A scan of the whole store is a snapshot's (streams/snapshot.py): read once, so its blocks would only
+        # push the working set (accounts, recent inbox entries) out of the block cache.
+        read.fill_cache(bool(prefix))
+        it = self._db.iter(read)
         it.seek(prefix)
         while it.valid():
             key = it.key()
