@@ -48,13 +48,14 @@ def begun(command_id: str) -> str | None:
 
 
 def committed(command_id: str) -> str | None:
-    """The transaction key of the id a partition's share posts under (its decide step; in older logs a commit
-    step of its own), else None."""
-    for step in (DECIDE, COMMIT):
-        key, mark, _ = command_id.rpartition(f"{STEP_MARK}{step}{STEP_MARK}")
-        if mark:
-            return key
-    return None
+    """The transaction key of the id a partition's share posts under, ``T~decide~<p>`` (in older logs a commit
+    step of its own, ``T~commit~<p>``), else None. Read from the end: a client's command id may hold the mark
+    and a step's name (``pay~decide~x``), and other steps of its transaction end in their own names."""
+    head, mark, where = command_id.rpartition(STEP_MARK)
+    if not mark or not where.isdigit():
+        return None
+    key, mark, step = head.rpartition(STEP_MARK)
+    return key if mark and step in (DECIDE, COMMIT) else None
 
 
 def owner(client_id: str, command_id: str, engine_client: str) -> str:

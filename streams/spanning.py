@@ -11,8 +11,9 @@ anywhere repeats a step harmlessly (the inbox answers it) and in-flight state is
    sum (a core PlaceHold: every funds, status and overdraft rule applies); for each debit that captures a
    client hold, a lock on that amount of the hold (open, not expired, enough unlocked remainder); each
    credit is judged by the core as it will post (from the clearing shard, on top of the credits other
-   transactions in flight reserved on the account: ``n/<account>``). All or nothing: on a failure the
-   internal holds already placed are released. Record ``r/T``; Vote back with the most urgent failure.
+   transactions in flight reserved on the account: ``n/<account>``). All or nothing, in one StateChange: the
+   internal holds are placed in the step's own StateChange, only once every leg is judged to fit. Record
+   ``r/T``; Vote back with the most urgent failure.
 3. Vote (coordinator): when every vote is in, the transaction is decided: accepted when every participant
    reserved, else rejected with the failure of the highest precedence. That result is the sender's answer
    and it is final: the same answer, for the same reason, as if every account lived in one partition.
@@ -41,7 +42,7 @@ from streams.inflight import InFlight, Reservation, coordinator_key, copy_due_ke
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, returns, settlement
 from streams.routing import ENGINE_CLIENT
-from streams.wire import command_from_wire, command_record, command_to_wire, rejection_to_wire
+from streams.wire import command_from_wire, command_record, command_to_wire, holds_to_wire, rejection_to_wire
 
 if TYPE_CHECKING:
     from streams.partition import PartitionProcessor
@@ -81,9 +82,12 @@ def _jsonable(value: Any) -> Any:
 LATE_DETAIL = "a hold it captures had ended: settled late"
 
 
-def _accepted(command_id: str, at_ms: int, detail: str = "") -> dict[str, Any]:
+def _accepted(command_id: str, at_ms: int, detail: str = "", holds: list[core.Hold] = ()) -> dict[str, Any]:
+    """An engine step's result. holds: the internal holds it placed (a reservation), as every result names the
+    holds its decision created, so readers of results (the read store, P5's oracle) know them."""
     return {"command_id": command_id, "client_id": ENGINE_CLIENT, "outcome": "accepted", "reason": None,
-            "detail": detail, "duplicate": False, "transaction_id": None, "at_ms": at_ms, "holds": []}
+            "detail": detail, "duplicate": False, "transaction_id": None, "at_ms": at_ms,
+            "holds": holds_to_wire(holds)}
 
 
 class Spanning:
@@ -212,14 +216,14 @@ class Spanning:
                 self._send(key, "Reserve", p, self._key_in(tx, p), tx.at_ms, body)
                 continue
             # Its own legs are reserved here and now, at the command's position (P10), and its vote counted
-            # in place (no Vote to itself), in the begin record's StateChange: a crash before it leaves only
-            # the internal holds' own steps, which the redo finds done. A refusal of the whole (its rate,
+            # in place (no Vote to itself), in the begin record's StateChange with its internal holds: a crash
+            # leaves all of it or nothing. A refusal of the whole (its rate,
             # double entry) is part of this vote, weighed with the others' as one partition weighs its stages.
             failure, own, held = self._reserve_share(key, tx, offset, tx.at_ms, copy=False, refusals=refusals)
             record = record.with_vote(p, *self._vote_of(tx, failure))
         proc.commit_change(ENGINE_CLIENT, names.step_id(key, names.BEGIN), "", offset,
                            _accepted(names.step_id(key, names.BEGIN), tx.at_ms,
-                                     f"reserving in partitions {participants}"),
+                                     f"reserving in partitions {participants}", held.get("holds", ())),
                            records=[*own, (coordinator_key(key), record.to_json())], **held)
 
     def cancel_copies(self, tx: core.PostTransaction) -> None:
@@ -332,7 +336,7 @@ class Spanning:
             else:
                 failure, records, held = self._reserve_share(key, tx, offset, at_ms, copy=False, refusals=refusals)
         reason, detail = self._vote_of(tx, failure)
-        wire = _accepted(command_id, at_ms) if failure is None else \
+        wire = _accepted(command_id, at_ms, "", held.get("holds", ())) if failure is None else \
             rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, failure[0], failure[1])
         proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset, wire, records=records, **held)
         coordinator = body["coordinator_partition"]
@@ -532,7 +536,7 @@ class Spanning:
         failure, records, held = self._reserve_share(key, tx, offset, tx.at_ms, copy=True)
         if failure is None:
             records.append((copy_due_key(tx.at_ms + COPY_WAIT_MS, key), 1))
-            wire = _accepted(copy_id, tx.at_ms, "reserved")
+            wire = _accepted(copy_id, tx.at_ms, "reserved", held["holds"])
         else:
             wire = rejection_to_wire(copy_id, ENGINE_CLIENT, tx.at_ms, failure[0],
                                      limits.clip(failure[1], VOTE_DETAIL_CHARS))

@@ -250,12 +250,15 @@ def result_to_wire(result: Result, at_ms: int, transaction_id: str | None, holds
         "duplicate": result.duplicate,
         "transaction_id": transaction_id,
         "at_ms": at_ms,
-        "holds": [
-            {"hold_id": h.id, "account_id": h.account_id, "amount": str(h.amount), "captured": str(h.captured),
-             "released": str(h.released), "status": h.status.value, "expires_at_ms": h.expires_at_ms}
-            for h in holds
-        ],
+        "holds": holds_to_wire(holds),
     }
+
+
+def holds_to_wire(holds: list[Hold]) -> list[dict[str, Any]]:
+    """A result's holds: the state of every hold the decision created or changed."""
+    return [{"hold_id": h.id, "account_id": h.account_id, "amount": str(h.amount), "captured": str(h.captured),
+             "released": str(h.released), "status": h.status.value, "expires_at_ms": h.expires_at_ms}
+            for h in holds]
 
 
 def rejection_to_wire(command_id: str, client_id: str, at_ms: int, reason: Rejection, detail: str) -> dict:

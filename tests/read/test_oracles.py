@@ -655,3 +655,45 @@ def test_money_that_is_not_an_integer_is_unreadable_not_a_crash():
     assert any("amount '1.5' is not an integer" in n and f"key {A}" in n for n in report.notes)
     assert any("hold h2 captured 'lots' is not an integer" in n and "key t/hold:h2" in n for n in report.notes)
     assert f"P8: command ('t', 'hold:h2') at " in "\n".join(report.violations)
+
+
+# A reservation's internal holds and the shares' ids, as the engine writes them --------------------------------
+
+def _two_debtors_one_payee():
+    """A bus with x (partition 0) and d, y (partition 1) opened and funded."""
+    bus = RecordingBus()
+    x, (d, y) = local_users(1, partition=0)[0], local_users(2, partition=1)
+    for a in (x, d, y):
+        bus.send(open_account(a), a)
+    for a in (x, d):
+        bus.send(tx("dep" + a, [("sys:world:USD", -1_000, None, None), (a, 1_000, None, None)], kind="deposit"), a)
+    bus.run()
+    return bus, x, d, y
+
+
+def test_p5_an_internal_hold_still_reserved_is_named_by_the_step_that_placed_it():
+    """A producer that wrote only the copy of a payment (it died between its sends): the copy's reservation
+    holds d's debit for COPY_WAIT_MS. The internal hold is placed inside the copy's step, not as a command
+    of its own, and that step's result names it, so the held amount has an open hold behind it (P5)."""
+    from streams import placement
+    from tests.helpers.bus import C
+    bus, x, d, y = _two_debtors_one_payee()
+    record, _ = placement.placements(C.decode("command", tx("pay", [(x, -5, None, None), (d, -5, None, None),
+                                                                   (y, 10, None, None)])), x, N)
+    bus.send_to(1, C.encode("command", record), bus.clock + 1)  # the copy only
+    bus.run()
+    report = check(bus.streams())
+    assert oracles(report) == {"P8"}, report.violations  # the payment itself never reached its coordinator
+    assert reported(report, "P8") == ["P8: command ('t', 'pay') at 1/3 has no result"]
+
+
+def test_p4_a_command_id_holding_a_step_name_is_not_taken_for_a_share():
+    """Client ids may hold the step mark: `pay~decide~x` is a payment of its own, and the steps of `pay` (its
+    begin, whose history carries the internal hold) are not shares of it."""
+    bus, x, d, y = _two_debtors_one_payee()
+    for command_id in ("pay", "pay~decide~x", "pay~decide~1"):
+        bus.send(tx(command_id, [(x, -5, None, None), (d, -5, None, None), (y, 10, None, None)]), x)
+    bus.run()
+    report = check(bus.streams())
+    assert report.violations == [], report.violations
+    assert report.counts["transactions"] == 5
