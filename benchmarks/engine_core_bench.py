@@ -8,10 +8,11 @@ partition). Instead of Kafka, each partition's transactional producer is a null 
 records in memory and numbers them like a log; the follow-up commands a batch writes (the two-phase
 protocol's Reserve, Vote and Decide, sealed) are fed back as records of the next batch, as the commands
 topic would deliver them, until none are left. So a transfer across partitions runs every step the real
-worker runs (streams/spanning.py): at the coordinator the payer's internal hold, the begin, the decision
-(the client's result), the vote that completes it, its own share's commit and decide step; at the payee's
-partition the copy's reservation, the Reserve, its commit and decide step. Each step is a decided command
-(a StateChange, a result). What librdkafka itself costs per record (its produce call, compression, the
+worker runs (streams/spanning.py): at the coordinator the begin (with the payer's internal hold), the
+decision (the client's result), the vote that completes it and its own share's decide step (which posts the
+share); at the payee's partition the copy's reservation, the Reserve and its decide step. Each step is a
+decided command (a StateChange, a result); older commits, measured with this script by benchmarks/ab.sh, had
+an internal hold and a commit step of their own besides, and their steps are counted under those names. What librdkafka itself costs per record (its produce call, compression, the
 network) is not counted: that is the Kafka part, measured by `make bench` and `make bench-client`.
 
 Printed: µs of worker CPU per client transfer and per decided command, the decided commands per transfer by
