@@ -95,6 +95,11 @@ def bench_replay(records: int, pg_url: str | None, workers: int) -> dict:
             print(f"replay PG    : {figures['records']:>9} records in {figures['pg_replay_s']:6.2f} s = "
                   f"{figures['pg_replay_rps']:>10,.0f} rec/s  = {figures['pg_ratio']:.3f} of raw (goal >= 0.50), "
                   f"{workers} loaders")
+        for name, key in (("SQLite", "timeline"), ("PostgreSQL", "pg_timeline")):
+            if figures.get(key):
+                print(f"timeline     : {name} rebuild, seconds since it began, as each phase ended:")
+                for phase, at in figures[key]:
+                    print(f"  {at:7.3f}  {phase}")
         print(f"hash         : SQLite {figures['hash'][:16]}... PostgreSQL {figures.get('pg_hash', '-')[:16]}... "
               f"({'equal' if figures.get('pg_hash', figures['hash']) == figures['hash'] else 'DIFFERENT'})")
         figures["costs"] = replay_costs(settings)
@@ -142,7 +147,7 @@ def replay_costs(settings) -> dict:
         t0 = time.perf_counter()
         sink.results(results)
         results_us = (time.perf_counter() - t0) / max(len(results), 1) * 1e6
-        sink.finish([], set(), merged_later=True)
+        sink.finish([], set(), "")
         sink.close()
     per_record = sum(decode_us[t] * len(values[t]) for t in values) / n
     insert = (history_us * len(history) + results_us * len(results)) / n

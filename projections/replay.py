@@ -37,6 +37,7 @@ class ReplayResult:
     seconds: float
     hash: str
     offsets: dict[TopicPartitionKey, int]
+    timeline: tuple[tuple[str, float], ...] = ()  # a bulk rebuild's phases: (what ended, seconds since start)
 
     @property
     def records_per_s(self) -> float:
@@ -160,7 +161,8 @@ def _bulk(settings: Settings, target: str, keys: dict[TopicPartitionKey, tuple[i
     seconds = time.perf_counter() - t0
     store = Store(target, readonly=True)
     try:
-        return ReplayResult(loaded.applied, seconds, projection_hash(store.conn), store.offsets())
+        return ReplayResult(loaded.applied, seconds, projection_hash(store.conn), store.offsets(),
+                            tuple(loaded.timeline))
     finally:
         store.close()
 
@@ -238,14 +240,15 @@ def measure(settings: Settings, pg_url: str | None = None, workers: int | None =
     with tempfile.TemporaryDirectory(prefix="ledger-replay-bench-") as tmp:
         result = rebuild(settings, Path(tmp) / "bench.db", progress=False, workers=workers)
     figures = {"records": result.records, "replay_s": result.seconds, "replay_rps": result.records_per_s,
-               "hash": result.hash}
+               "hash": result.hash, "timeline": result.timeline}
     if pg_url:
         target = db.with_schema(pg_url, f"replay_bench_{uuid.uuid4().hex[:8]}")
         try:
             pg = rebuild(settings, target, progress=False, workers=workers)
         finally:
             db.drop_schema(target)
-        figures.update(pg_replay_s=pg.seconds, pg_replay_rps=pg.records_per_s, pg_hash=pg.hash)
+        figures.update(pg_replay_s=pg.seconds, pg_replay_rps=pg.records_per_s, pg_hash=pg.hash,
+                       pg_timeline=pg.timeline)
     again_records, again_s = raw_consume_rate(settings)
     raw_rps = (raw_records / raw_s + again_records / again_s) / 2 if raw_s and again_s else 0.0
     figures.update(raw_records=raw_records, raw_s=raw_s, raw_rps=raw_rps,
