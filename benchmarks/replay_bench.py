@@ -78,7 +78,7 @@ def produce(settings, records: int) -> int:
     return sent
 
 
-def bench_replay(records: int, pg_url: str | None, workers: int) -> dict:
+def bench_replay(records: int, pg_url: str | None, workers: int | None) -> dict:
     settings = config.load().with_prefix(f"bench-replay-{uuid.uuid4().hex[:8]}.")
     create_topics(settings)
     try:
@@ -90,18 +90,23 @@ def bench_replay(records: int, pg_url: str | None, workers: int) -> dict:
               f"{figures['raw_rps']:>10,.0f} rec/s  (the ceiling; the mean of a read before and after the replays)")
         print(f"replay SQLite: {figures['records']:>9} records in {figures['replay_s']:6.2f} s = "
               f"{figures['replay_rps']:>10,.0f} rec/s  = {figures['ratio']:.3f} of raw (goal >= 0.50), "
-              f"{workers} loaders")
+              f"{figures['loaders']} loaders")
+        if "alt_replay_rps" in figures:
+            print(f"  compare    : {figures['records']:>9} records in {figures['alt_replay_s']:6.2f} s = "
+                  f"{figures['alt_replay_rps']:>10,.0f} rec/s  = {figures['alt_ratio']:.3f} of raw, SQLite with "
+                  f"{figures['alt_loaders']} loaders (same run; more loaders need idle cores)")
         if pg_url:
             print(f"replay PG    : {figures['records']:>9} records in {figures['pg_replay_s']:6.2f} s = "
                   f"{figures['pg_replay_rps']:>10,.0f} rec/s  = {figures['pg_ratio']:.3f} of raw (goal >= 0.50), "
-                  f"{workers} loaders")
+                  f"{figures['pg_loaders']} loaders")
         for name, key in (("SQLite", "timeline"), ("PostgreSQL", "pg_timeline")):
             if figures.get(key):
                 print(f"timeline     : {name} rebuild, seconds since it began, as each phase ended:")
                 for phase, at in figures[key]:
                     print(f"  {at:7.3f}  {phase}")
+        hashes = {figures["hash"], figures.get("pg_hash", figures["hash"]), figures.get("alt_hash", figures["hash"])}
         print(f"hash         : SQLite {figures['hash'][:16]}... PostgreSQL {figures.get('pg_hash', '-')[:16]}... "
-              f"({'equal' if figures.get('pg_hash', figures['hash']) == figures['hash'] else 'DIFFERENT'})")
+              f"compared {figures.get('alt_hash', '-')[:16]}... ({'equal' if len(hashes) == 1 else 'DIFFERENT'})")
         figures["costs"] = replay_costs(settings)
         return figures
     finally:
@@ -441,8 +446,10 @@ def main() -> None:
                                             "(it must hold --api-history entries over 10,000 accounts)")
     parser.add_argument("--paced-seconds", type=float, default=10.0,
                         help="length of each open-loop run at half the saturated rate")
+    parser.add_argument("--loaders", type=int, default=None,
+                        help="replay loader processes (default: one per idle core, as `ledger replay`)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                        help="replay loader processes and API server processes (default: the CPU count)")
+                        help="API server processes (default: the CPU count)")
     parser.add_argument("--read-threads", type=int, default=8, help="read threads per API process")
     parser.add_argument("--sse-clients", type=int, default=500)
     parser.add_argument("--pg-url", default=os.environ.get("LEDGER_TEST_PG_URL"),
@@ -450,7 +457,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start", flush=True)
     if not args.skip_replay:
-        bench_replay(args.records, args.pg_url, args.workers)
+        bench_replay(args.records, args.pg_url, args.loaders)
     if not args.skip_api:
         bench_api(args.api_history, args.concurrency, args.requests, args.workers, args.read_threads,
                   args.paced_seconds, args.api_store)

@@ -51,9 +51,11 @@ def test_replay_from_a_timestamp_or_offsets(ledger_run, new_store):
     settings = ledger_run.settings
     ends = {k: high for k, (_, high) in replay.watermarks(settings).items()}
     # Other tests may have added traffic since the shared store caught up: compare rebuilds to fixed ends.
-    from_zero = replay.rebuild(settings, new_store("zero"), until=ends, progress=False)
+    # Two loaders (history and results apart, one file copied into the other) and one: the same store.
+    from_zero = replay.rebuild(settings, new_store("zero"), until=ends, progress=False, workers=2)
     everything = replay.rebuild(settings, new_store("all"), start=replay.offsets_for_time(settings, 0),
-                                until=ends, progress=False)
+                                until=ends, progress=False, workers=1)
+    assert (from_zero.loaders, everything.loaders) == (2, 1)
     assert everything.hash == from_zero.hash and everything.records == from_zero.records
     future = replay.rebuild(settings, new_store("none"),
                             start=replay.offsets_for_time(settings, replay.parse_time_ms("2999-01-01T00:00:00Z")),
