@@ -130,7 +130,7 @@ def replay_costs(settings) -> dict:
     names = {settings.topic(t): t for t in SCHEMA_OF}
     t0, n = time.perf_counter(), 0
     while n < total:
-        for msg in consumer.consume(10_000, timeout=0.5):
+        for msg in consumer.consume(min(10_000, total - n), timeout=0.1):  # no wait for a batch it cannot fill
             if not msg.error():
                 values[names[msg.topic()]].append(msg.value())
                 n += 1

@@ -226,7 +226,11 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         while remaining:
             history_rows, result_rows, links = [], [], []
             asked = time.perf_counter()
-            messages = consumer.consume(CONSUME_BATCH, timeout=0.5)
+            # No more than are left: consume() waits out its timeout for a batch it cannot fill, which
+            # cost every loader 0.5 s at its end. (Transaction markers take offsets, so `left` can be
+            # more than the records left: then the short timeout bounds the wait.)
+            left = sum(until - offsets.get(k, keys[k][0]) for k, until in remaining.items())
+            messages = consumer.consume(max(1, min(CONSUME_BATCH, left)), timeout=0.1)
             waited += time.perf_counter() - asked
             if first and messages:
                 mark("first records")
@@ -359,10 +363,11 @@ def _child(settings: Settings, keys: dict[Key, tuple[int, int]], target: str, pa
 # (its transfer optimisation) instead of inserting and indexing it row by row. Balance records only fill
 # memory (the latest per account), so they go wherever they even out the loaders' work. Every key stays in one
 # partition number (an account's entries and balances, a command's results), whichever way it is split.
-# What a record costs a loader, relatively (benchmark, per record on one core: read 2.5 µs each, decode a
-# history record 8.6, a result 5.3, a balance 7.8; insert a history row 4, a result row 2; the row and the
-# folds 2 and 1):
-COST = {"history": 17, "results": 11, "balances": 10}
+# What a record costs a loader, relatively: read + decode + insert per record on one core, as the benchmark
+# measures them apart (docs/read-side.md, Figures): a history record 2.4 + 19.4 + 13.5 µs, a result
+# 2.4 + 12.5 + 4.5, a balance 2.4 + 5.9. (Weights of 17/11/10 left the history loader finishing 0.4-2 s
+# after the other in every 2-loader rebuild.)
+COST = {"history": 35, "results": 19, "balances": 8}
 
 
 def _cost(keys: dict[Key, tuple[int, int]]) -> int:
