@@ -693,8 +693,7 @@ class Engine:
         proc = self.processors.get(partition)
         if proc is None:
             return False
-        expiries = proc.state.expiries
-        return (bool(expiries) and expiries[0][0] <= now_ms) or proc.state.copy_due_by(now_ms)
+        return proc.state.expiries.due_by(now_ms) or proc.state.copy_dues.due_by(now_ms)
 
     def close(self) -> None:
         for producer in self.producers.values():

@@ -11,7 +11,6 @@ drives this processor through its public methods) -> core.execute (pure) -> stag
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ from typing import Any, Callable
 
 from schemas.codec import DecodeError, codec
 from streams import core, limits, names, placement, routing
+from streams.due import DueIndex
 from streams.routing import ENGINE_CLIENT
 from streams.core import Account, Changes, Hold, HoldStatus, Leg, Processed, Rejection, Result
 from streams.seal import DEVELOPMENT, UNSEALED, Headers, Seal
@@ -145,14 +145,12 @@ class PartitionState:
         # Decoded engine records (record()): read on every command (the copies' timeouts, the waiting queue,
         # locks), so decoded once until written. Callers never change what they get: they build new values.
         self._records: dict[str, Any] = {}
-        # (expires_at_ms, hold_id) of open holds with an expiry; stale entries are skipped when popped.
-        self.expiries: list[tuple[int, str]] = []
+        # Open holds with an expiry, by expires_at_ms (the x/ index keys, committed and staged).
+        self.expiries = DueIndex()
         self._load_expiries()
-        # The producers' copies whose reservations wait for their coordinator's Reserve (the COPY_DUE engine
-        # records, committed and staged): transaction key -> due_ms, and a heap of (due_ms, key) whose entries
-        # no longer in copy_dues are skipped (take_due_copies).
-        self.copy_dues: dict[str, int] = {}
-        self._copy_heap: list[tuple[int, str]] = []
+        # The producers' copies whose reservations wait for their coordinator's Reserve, by transaction key and
+        # due time (the COPY_DUE engine records, committed and staged).
+        self.copy_dues = DueIndex()
         self._load_copy_dues()
         # Currencies registered in this partition (RegisterCurrency), committed and staged: code -> scale.
         # currencies_epoch moves whenever they may have changed, so the processor rebuilds its registry.
@@ -178,15 +176,16 @@ class PartitionState:
         self.currencies_epoch += 1
 
     def _load_expiries(self) -> None:
-        self.expiries = []
         try:
-            keys = [key for key, _ in self.store.scan(b"x/")]
+            keys = [key for key, _ in self.store.scan(b"x/") if key not in self._deletes]
         except Exception as exc:  # noqa: BLE001 - whatever the store raises is an I/O failure
             raise StoreFailure(f"scanning the expiry index: {exc}") from exc
+        keys += [key for key in self._puts if key.startswith(b"x/")]
+        pairs = []
         for key in keys:
             _, at, hold_id = key.decode().split("/", 2)
-            self.expiries.append((int(at), hold_id))
-        heapq.heapify(self.expiries)
+            pairs.append((hold_id, int(at)))
+        self.expiries = DueIndex(pairs)
 
     def _load_copy_dues(self) -> None:
         prefix = b"e/" + COPY_DUE.encode()
@@ -195,39 +194,18 @@ class PartitionState:
         except Exception as exc:  # noqa: BLE001 - whatever the store raises is an I/O failure
             raise StoreFailure(f"scanning the copies' timeouts: {exc}") from exc
         keys += [key for key in self._puts if key.startswith(prefix)]
-        self.copy_dues = {}
+        pairs = []
         for key in keys:
             due, transaction = parse_copy_due(key[2:].decode())
-            self.copy_dues[transaction] = due
-        self._copy_heap = [(due, transaction) for transaction, due in self.copy_dues.items()]
-        heapq.heapify(self._copy_heap)
+            pairs.append((transaction, due))
+        self.copy_dues = DueIndex(pairs)
 
     def _index_copy_due(self, record_key: str, present: bool) -> None:
         due, transaction = parse_copy_due(record_key)
         if present:
-            self.copy_dues[transaction] = due
-            heapq.heappush(self._copy_heap, (due, transaction))
-        elif self.copy_dues.get(transaction) == due:
-            del self.copy_dues[transaction]
-            if len(self._copy_heap) > 2 * len(self.copy_dues) + 64:  # mostly entries ended since: rebuilt
-                self._copy_heap = [(d, t) for t, d in self.copy_dues.items()]
-                heapq.heapify(self._copy_heap)
-
-    def take_due_copies(self, now_ms: int) -> list[tuple[int, str]]:
-        """(due_ms, transaction key) of the copies due by now_ms, in that order, each returned once (taken off
-        the heap; copy_dues keeps it until its record is deleted). Looks at the earliest only when none is due."""
-        heap, live, due = self._copy_heap, self.copy_dues, []
-        while heap and heap[0][0] <= now_ms:
-            entry = heapq.heappop(heap)
-            if live.get(entry[1]) == entry[0]:
-                due.append(entry)
-        return due
-
-    def copy_due_by(self, now_ms: int) -> bool:
-        """Whether a copy's wait has ended by now_ms (an entry ended since counts too: the tick drops it). Asked
-        from the ticking thread while commands are decided: one slice, never an index into a heap being popped."""
-        first = self._copy_heap[:1]
-        return bool(first) and first[0][0] <= now_ms
+            self.copy_dues.put(transaction, due)
+        else:
+            self.copy_dues.drop(transaction, due)
 
     def _get(self, key: bytes) -> bytes | None:
         if key in self._puts:
@@ -266,19 +244,9 @@ class PartitionState:
         self._records.clear()
         self._not_in_inbox = None
         self._load_currencies()
+        # The due indexes as committed and staged now (entries the command took or added are restored).
         self._load_copy_dues()
-        # The expiry index as committed and staged now (entries the command popped or pushed are restored).
         self._load_expiries()
-        staged = [(key, value) for key, value in self._puts.items() if key.startswith(b"x/")]
-        for key, _ in staged:
-            _, at, hold_id = key.decode().split("/", 2)
-            heapq.heappush(self.expiries, (int(at), hold_id))
-        if self._deletes:
-            dropped = {key for key in self._deletes if key.startswith(b"x/")}
-            if dropped:
-                self.expiries = [(at, h) for at, h in self.expiries
-                                 if f"x/{at:020d}/".encode() + h.encode() not in dropped]
-                heapq.heapify(self.expiries)
 
     # StateReader -------------------------------------------------------------------------------------------
     def account(self, account_id: str) -> Account | None:
@@ -360,10 +328,11 @@ class PartitionState:
                 if hold.status is HoldStatus.OPEN:
                     puts[key] = b""
                     self._deletes.discard(key)
-                    heapq.heappush(self.expiries, (hold.expires_at_ms, hold.id))
+                    self.expiries.put(hold.id, hold.expires_at_ms)
                 else:
                     puts.pop(key, None)
                     self._deletes.add(key)
+                    self.expiries.drop(hold.id)
         for record in change.get("rates", ()):
             key = b"r/" + record["snapshot_id"].encode()
             touch(key)
@@ -739,9 +708,7 @@ class PartitionProcessor:
             return
         if self.spanning.expire_copies(offset, now_ms):
             self.spanning.drain(offset)
-        heap = self.state.expiries
-        while heap and heap[0][0] <= now_ms:
-            _, hold_id = heapq.heappop(heap)
+        for _, hold_id in self.state.expiries.take_due(now_ms):
             hold = self.state.hold(hold_id)
             if hold is None or hold.status is not HoldStatus.OPEN:
                 continue  # ended since it was indexed

@@ -31,7 +31,6 @@ release, expiry, freeze or close of what a reservation holds waits for the decis
 from __future__ import annotations
 
 import hashlib
-import heapq
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -568,7 +567,7 @@ class Spanning:
         """Reservations of copies whose Reserve has not come within COPY_WAIT_MS of log time are dropped (the
         coordinator never got the command: a producer that died between its sends, or one that wrote a copy
         only). True if one was dropped."""
-        due = self.state.take_due_copies(now_ms)  # checked on every command: the heap's earliest only
+        due = self.state.copy_dues.take_due(now_ms)  # checked on every command: the earliest only
         timeouts = self.state.record(COPY_TIMEOUTS)
         if timeouts:  # written by an earlier version, until it empties
             if self._earliest[0] is not timeouts:
@@ -860,7 +859,7 @@ class Spanning:
         for hold_id, _, _ in reservation.locks:  # expiry skipped while locked: index it again
             hold = state.hold(hold_id)
             if hold is not None and hold.status is HoldStatus.OPEN and hold.expires_at_ms is not None:
-                heapq.heappush(state.expiries, (hold.expires_at_ms, hold_id))
+                state.expiries.put(hold_id, hold.expires_at_ms)
 
     def _commit(self, key: str, reservation: Reservation, decide_id: str, fingerprint: str, offset: int,
                 records: list[tuple[str, Any]]) -> None:
