@@ -424,7 +424,7 @@ def indexes_of(tables: list[str]) -> str:
                    if any(f" ON {t} (" in st for t in tables))
 
 
-def idle_cores(sample_s: float = 0.2) -> float | None:
+def idle_cores(sample_s: float = 0.1) -> float | None:
     """How many cores were idle over the last `sample_s` seconds (Linux's /proc/stat), None where unknown."""
     def times() -> tuple[int, int]:
         with open("/proc/stat") as f:
