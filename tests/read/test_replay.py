@@ -149,3 +149,45 @@ def test_a_rebuild_skips_and_counts_undecodable_records(settings, new_store):
         assert [r["seq"] for r in store.conn.execute("SELECT seq FROM history ORDER BY seq")] == [1, 2]
     finally:
         store.close()
+
+
+def test_a_rebuild_indexes_links_as_the_projector_does_with_one_loader_or_two(settings, new_store):
+    """Loaders collect the links of the history entries they load; a transaction's legs in two partitions name
+    the same link, loaded by two loaders (history split between them) or by one: transaction_links, and the
+    whole store, hash as the projector's."""
+    from confluent_kafka import KafkaError, KafkaException, Producer
+
+    from schemas.codec import codec
+
+    c = codec()
+    producer = Producer(settings.kafka_config())
+    for partition, account in ((0, "user:a:USD"), (1, "user:b:USD")):
+        for seq, (tx, links) in enumerate((("x1", []), ("r1", ["x1"]), ("r2", ["x1", "r1"])), start=1):
+            value = c.encode("history", {
+                "entry_id": f"{account}#{seq}", "account_id": account, "currency": "USD", "seq": seq,
+                "amount": "5", "posted_after": str(5 * seq), "held_after": "0", "transaction_id": tx,
+                "kind": "adjustment", "reference": None, "hold_id": None, "occurred_at_ms": 1_000 + seq,
+                "at_ms": 1_000 + seq, "command_id": tx, "client_id": "c", "links": links})
+            producer.produce(settings.topic("history"), value, account.encode(), partition=partition)
+    producer.flush(10)
+    while True:  # new topics: the broker answers ListOffsets for every partition a moment after creating them
+        try:
+            replay.watermarks(settings)
+            break
+        except KafkaException as exc:
+            assert exc.args[0].code() == KafkaError.NOT_LEADER_FOR_PARTITION, exc
+            time.sleep(0.2)
+    live = new_store("live")
+    catch_up(settings, live)
+    store = Store(live, readonly=True)
+    live_hash = projection_hash(store.conn)
+    store.close()
+    for loaders in (2, 1):
+        target = new_store(f"loaders{loaders}")
+        result = replay.rebuild(settings, target, progress=False, workers=loaders)
+        assert (result.loaders, result.records, result.hash) == (loaders, 6, live_hash)
+        store = Store(target, readonly=True)
+        try:
+            assert (store.linked_to("x1"), store.linked_to("r1")) == (["r1", "r2"], ["r2"])
+        finally:
+            store.close()
