@@ -424,33 +424,44 @@ def indexes_of(tables: list[str]) -> str:
                    if any(f" ON {t} (" in st for t in tables))
 
 
-def idle_cores(sample_s: float = 0.1) -> float | None:
-    """How many cores were idle over the last `sample_s` seconds (Linux's /proc/stat), None where unknown."""
-    def times() -> tuple[int, int]:
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(idle, total) CPU ticks of the machine so far (Linux's /proc/stat), None where unknown."""
+    try:
         with open("/proc/stat") as f:
             ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
         return ticks[3] + ticks[4], sum(ticks)
-
-    try:
-        idle0, total0 = times()
-        time.sleep(sample_s)
-        idle1, total1 = times()
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError):
         return None
-    return (idle1 - idle0) / max(total1 - total0, 1) * (os.cpu_count() or 1)
 
 
-def loaders() -> int:
+class CoreSample:
+    """How many cores are idle, from the CPU ticks between its creation and `idle_cores` (which waits for the
+    rest of `least_s` if less has passed): replay starts one before asking the broker for the offsets, so
+    the sample costs the rebuild little or no time of its own."""
+
+    def __init__(self, least_s: float = 0.1):
+        self.started, self.ticks, self.least_s = time.monotonic(), _cpu_ticks(), least_s
+
+    def idle_cores(self) -> float | None:
+        time.sleep(max(0.0, self.started + self.least_s - time.monotonic()))
+        now = _cpu_ticks()
+        if self.ticks is None or now is None or now[1] <= self.ticks[1]:
+            return None
+        return (now[0] - self.ticks[0]) / (now[1] - self.ticks[1]) * (os.cpu_count() or 1)
+
+
+def loaders(sample: CoreSample | None = None) -> int:
     """The default number of loaders: one per idle core (at least one). A loader without a core of its own
     only adds its start (a process, its imports) and the merge of its file: on the shared 2-core machine,
-    with the cores busy, one loader rebuilt 300,000 records in 4.1-5.2 s and two in 4.5-8.3 s (docs/read-side.md)."""
+    with the cores busy, one loader rebuilt 300,000 records in 4.1-5.2 s and two in 4.5-8.3 s
+    (docs/read-side.md)."""
     cores = os.cpu_count() or 1
-    idle = idle_cores()
+    idle = (sample or CoreSample()).idle_cores()
     return cores if idle is None else max(1, min(cores, int(idle + 0.5)))
 
 
 def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *, workers: int | None = None,
-            progress: Callable[[int], None] | None = None) -> Loaded:
+            progress: Callable[[int], None] | None = None, cores: CoreSample | None = None) -> Loaded:
     """Load the fresh store `target` from the partitions {(topic, partition): (start, until)}; returns the
     totals (applied, skipped, offsets). `workers` loader processes (default: one per idle core, `loaders`)."""
     origin = time.time()
@@ -459,7 +470,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
     def mark(phase: str) -> None:
         timeline.append((phase, time.time() - origin))
 
-    workers = workers or loaders()
+    workers = workers or loaders(cores)
     split = shares(keys, workers)
     mark(f"{len(split)} loader{'s' if len(split) > 1 else ''} asked for {workers}")
     # A table only one share writes is indexed by that share's loader (in its file, or on its connection).

@@ -125,13 +125,14 @@ def rebuild(settings: Settings, target: str | Path, *, start: dict[TopicPartitio
     path the bulk loader is checked against)."""
     if db.exists(target):
         raise FileExistsError(f"{db.display(target)} exists; a replay writes a fresh store")
+    cores = bulk.CoreSample() if not incremental and not workers else None  # idle cores, while the broker answers
     marks = watermarks(settings)
     until = {k: high for k, (_, high) in marks.items()} if until is None else until
     begin = {k: max(low, (start or {}).get(k, 0)) for k, (low, _) in marks.items()}
     total = sum(max(until.get(k, 0) - begin[k], 0) for k in marks)
     if not incremental:
         return _bulk(settings, str(target), {k: (begin[k], until.get(k, 0)) for k in marks}, total, progress,
-                     workers)
+                     workers, cores)
     store = Store(target, settings.prefix)
     projector = Projector(settings, store, start={k: begin[k] for k in marks}, until=until, batch_size=batch_size)
     t0 = time.perf_counter()
@@ -154,11 +155,11 @@ def rebuild(settings: Settings, target: str | Path, *, start: dict[TopicPartitio
 
 
 def _bulk(settings: Settings, target: str, keys: dict[TopicPartitionKey, tuple[int, int]], total: int,
-          progress: bool, workers: int | None) -> ReplayResult:
+          progress: bool, workers: int | None, cores: bulk.CoreSample | None = None) -> ReplayResult:
     t0 = time.perf_counter()
     with _bar(progress) as bar:
         task = bar.add_task("replay", total=total or 1)
-        loaded = bulk.rebuild(settings, target, keys, workers=workers,
+        loaded = bulk.rebuild(settings, target, keys, workers=workers, cores=cores,
                               progress=lambda n: bar.update(task, completed=n))
     seconds = time.perf_counter() - t0
     store = Store(target, readonly=True)
