@@ -3,7 +3,8 @@
 The worker's real batch path in process (benchmarks/engine_core_bench.py: Engine, PartitionProcessors, a
 RocksDB per partition, no Kafka) decides two-leg transfers among --users users over 8 partitions, most across
 partitions (so each runs the two-phase protocol: about 8.8 decided commands, results, per transfer), 2,000 per
-engine batch, with snapshots at the engine's interval, and prints every `--every` decided commands the
+engine batch, with snapshots at the engine's interval and glibc's malloc tuned as in a worker
+(streams/malloc_arenas.py), and prints every `--every` decided commands the
 process's resident set size and where it is: glibc's heap in use and free (mallinfo2, every arena), Python's
 allocated blocks, the entries of the partition states' decoded-record caches and hold-expiry heaps, RocksDB's
 block cache (the memtables are charged to it), its memtables, and its table readers outside the cache. What
@@ -38,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.engine_core_bench import Bench  # noqa: E402
-from streams.malloc_arenas import cap_malloc_arenas  # noqa: E402
+from streams.malloc_arenas import cap_malloc_arenas, fix_mmap_threshold  # noqa: E402
 
 
 def rss_mib(pid: int | str = "self") -> float:
@@ -70,6 +71,7 @@ def in_process(decided: int, every: int, users: int, trim: bool, types: bool) ->
     """RSS and where it is (glibc's heap, Python's blocks, the decoded-record caches, RocksDB's own figures)
     every `every` decided commands (results written: a transfer across partitions decides several steps)."""
     cap_malloc_arenas()  # as a worker does (streams/app.py)
+    fix_mmap_threshold()
     bench = Bench(users=users, per_record=500)
     bench.setup()
     results = bench.settings.topic("results")

@@ -24,13 +24,14 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streams import config, limits, logs, metrics
 from streams import authn
-from streams.malloc_arenas import cap_malloc_arenas
+from streams.malloc_arenas import cap_malloc_arenas, fix_mmap_threshold
 from streams import ticks
 from streams.engine import CommandRecord, Engine
 
 log = logging.getLogger("ledger.worker")
 
 cap_malloc_arenas()  # before the engine's RocksDB and producers start their threads
+fix_mmap_threshold()  # large blocks (snapshot chunks) mapped apart and returned when freed
 settings = config.load()
 DATA_DIR = Path(os.environ.get("LEDGER_DATA_DIR", ".state/worker")).resolve()
 SESSION_TIMEOUT_S = float(os.environ.get("LEDGER_SESSION_TIMEOUT_S", "10"))
