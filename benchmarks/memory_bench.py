@@ -2,7 +2,7 @@
 
 The worker's real batch path in process (benchmarks/engine_core_bench.py: Engine, PartitionProcessors, a
 RocksDB per partition, no Kafka) decides two-leg transfers among --users users over 8 partitions, most across
-partitions (so each runs the two-phase protocol: about 8.8 decided commands, results, per transfer), 2,000 per
+partitions (so each runs the two-phase protocol: about 6.2 decided commands, results, per transfer), 2,000 per
 engine batch, with snapshots at the engine's interval and glibc's malloc tuned as in a worker
 (streams/malloc_arenas.py), and prints every `--every` decided commands the
 process's resident set size and where it is: glibc's heap in use and free (mallinfo2, every arena), Python's
