@@ -78,7 +78,7 @@ def in_process(decided: int, every: int, users: int, trim: bool, types: bool) ->
     print(f"worker RSS in process, {users:,} users, two-leg transfers, 8 partitions, load average "
           f"{os.getloadavg()[0]:.2f}; decided = results written (each step of a transfer across partitions)")
     print("heap: glibc's bytes in use / free in its arenas (mallinfo2); blocks: sys.getallocatedblocks; decoded: "
-          "entries of the partition states' decoded-record caches; expiries: entries of their hold-expiry heaps; cache / memtables / readers: RocksDB's block "
+          "entries of the partition states' decoded-record caches; expiries: entries of their hold-expiry indexes' heaps (streams/due.py); cache / memtables / readers: RocksDB's block "
           "cache (the memtables charged to it included), the memtables and the table readers outside the cache (rocksdb.estimate-table-readers-mem)")
     header = (f"{'transfers':>10} {'decided':>10} {'RSS MiB':>8} {'heap use':>8} {'free':>6} {'blocks':>9} "
               f"{'decoded':>8} {'expiries':>8} {'cache':>6} {'memtab':>6} {'readers':>7} {'s':>7}")
@@ -111,7 +111,7 @@ def row(bench: Bench, transfers: int, decided: int, seconds: float) -> str:
     procs = bench.engine.processors.values()
     decoded = sum(len(p.state._accounts) + len(p.state._holds) + len(p.state._transactions) + len(p.state._records)
                   for p in procs)
-    expiries = sum(len(p.state.expiries) for p in procs)
+    expiries = sum(p.state.expiries.queued for p in procs)
     cache, memtables = _shared_budget()
     readers = sum(p.state.store._db.property_int_value("rocksdb.estimate-table-readers-mem") or 0 for p in procs)
     mib = 1 << 20

@@ -60,3 +60,8 @@ class DueIndex:
 
     def __len__(self) -> int:
         return len(self.live)
+
+    @property
+    def queued(self) -> int:
+        """Entries on the heap, live or stale: what the index holds in memory (at most about twice the live)."""
+        return len(self._heap)

@@ -54,3 +54,14 @@ def test_what_comes_up_is_what_a_plain_map_says_is_due(ops):
             assert index.take_due(t) == expected
             pending -= {i for _, i in expected}
         assert index.live == live
+
+
+def test_stale_entries_are_thrown_away_when_they_outnumber_the_live():
+    """A hold staged many times while open (captures) is indexed each time: the heap stays within about twice
+    the live items, not one entry per stage."""
+    index = DueIndex()
+    for n in range(10_000):
+        index.put("h", 10)
+        index.put(f"x{n % 3}", 20)
+    assert len(index) == 4 and index.queued <= 2 * len(index) + 65
+    assert index.take_due(30) == [(10, "h"), (20, "x0"), (20, "x1"), (20, "x2")]
