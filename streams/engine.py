@@ -623,6 +623,13 @@ class Engine:
 
     def _raise(self, p: int, exc: KafkaException) -> None:
         error = exc.args[0]
+        if error.code() == KafkaError._FATAL and p not in self._fatal and p in self.producers:
+            # The producer turned fatal in its own thread (the broker fenced it) and refused this call before any
+            # poll served the error callback that says why: serve it now.
+            try:
+                self.producers[p].poll(0)
+            except Exception:  # noqa: BLE001 - only the reason is wanted here; the failure is raised below
+                pass
         if error.code() == KafkaError._FATAL and p in self._fatal:
             # A producer that became fatal in an earlier call refuses every later one with a bare _FATAL; the
             # reason is the fatal error it reported then (a fence, for a transactional producer).

@@ -107,3 +107,23 @@ def test_a_fence_while_step_3_sends_ends_the_batch_unacknowledged(tmp_path, capl
         eng.commit({3: 5}, {3: 1})
     assert producer.sent == 1
     assert any("transaction fenced" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_send_refused_before_the_fence_was_reported_is_named_by_it_once_served(tmp_path, caplog):
+    """The producer turned fatal in librdkafka's thread and refused the send with a bare _FATAL before any poll
+    served its error callback (a paused worker woken after the survivor fenced it): the callback is served
+    then, and the fence it reports names the failure."""
+    bare = KafkaException(KafkaError(KafkaError._FATAL, "Unable to produce message: Local: Fatal error", fatal=True))
+    eng = _commit_raising(tmp_path, bare)
+    fence = KafkaError(KafkaError._FATAL, "Fatal error: Local: This instance has been fenced by a newer instance",
+                       fatal=True)
+
+    class Reporting:
+        def poll(self, timeout):  # what the error callback registered by Engine._fence does when served
+            eng._fatal[3] = fence
+            return 0
+
+    eng.producers[3] = Reporting()
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match="fenced by a newer instance"):
+        eng._commit_partition(3, [], 10, {})
+    assert any("transaction fenced" in r.getMessage() for r in caplog.records), caplog.text
