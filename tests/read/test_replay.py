@@ -118,7 +118,7 @@ def test_a_rebuild_skips_and_counts_undecodable_records(settings, new_store):
     """The bulk loader decodes records of the current schema directly; anything else still goes through the
     codec: a foreign body, a truncated one, trailing bytes after a whole record and an empty value are each
     skipped and counted, and the good records around them are loaded."""
-    from confluent_kafka import KafkaError, KafkaException, Producer
+    from confluent_kafka import Producer
 
     from schemas.codec import codec
 
@@ -134,13 +134,7 @@ def test_a_rebuild_skips_and_counts_undecodable_records(settings, new_store):
     for value in [good[0], *bad, good[1]]:
         producer.produce(settings.topic("history"), value, account.encode(), partition=0)
     producer.flush(10)
-    while True:  # new topics: the broker answers ListOffsets for every partition a moment after creating them
-        try:
-            replay.watermarks(settings)
-            break
-        except KafkaException as exc:
-            assert exc.args[0].code() == KafkaError.NOT_LEADER_FOR_PARTITION, exc
-            time.sleep(0.2)
+    _until_offsets_answer(settings)
     target = new_store("skipping")
     result = replay.rebuild(settings, target, progress=False)
     assert result.records == 2 and result.offsets[("history", 0)] == 6
@@ -155,7 +149,7 @@ def test_a_rebuild_indexes_links_as_the_projector_does_with_one_loader_or_two(se
     """Loaders collect the links of the history entries they load; a transaction's legs in two partitions name
     the same link, loaded by two loaders (history split between them) or by one: transaction_links, and the
     whole store, hash as the projector's."""
-    from confluent_kafka import KafkaError, KafkaException, Producer
+    from confluent_kafka import Producer
 
     from schemas.codec import codec
 
@@ -170,13 +164,7 @@ def test_a_rebuild_indexes_links_as_the_projector_does_with_one_loader_or_two(se
                 "at_ms": 1_000 + seq, "command_id": tx, "client_id": "c", "links": links})
             producer.produce(settings.topic("history"), value, account.encode(), partition=partition)
     producer.flush(10)
-    while True:  # new topics: the broker answers ListOffsets for every partition a moment after creating them
-        try:
-            replay.watermarks(settings)
-            break
-        except KafkaException as exc:
-            assert exc.args[0].code() == KafkaError.NOT_LEADER_FOR_PARTITION, exc
-            time.sleep(0.2)
+    _until_offsets_answer(settings)
     live = new_store("live")
     catch_up(settings, live)
     store = Store(live, readonly=True)
@@ -191,3 +179,15 @@ def test_a_rebuild_indexes_links_as_the_projector_does_with_one_loader_or_two(se
             assert (store.linked_to("x1"), store.linked_to("r1")) == (["r1", "r2"], ["r2"])
         finally:
             store.close()
+
+
+def _until_offsets_answer(settings) -> None:
+    """New topics: the broker answers ListOffsets for every partition a moment after creating them."""
+    from confluent_kafka import KafkaError, KafkaException
+    while True:
+        try:
+            replay.watermarks(settings)
+            return
+        except KafkaException as exc:
+            assert exc.args[0].code() == KafkaError.NOT_LEADER_FOR_PARTITION, exc
+            time.sleep(0.2)
