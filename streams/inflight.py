@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
+from streams.core.returns import Returned
+
 
 def coordinator_key(key: str) -> str:
     """The engine record key of the coordinator's record of transaction key T."""
@@ -21,6 +23,13 @@ def coordinator_key(key: str) -> str:
 def reservation_key(key: str) -> str:
     """The engine record key of a participant's reservation for transaction key T."""
     return f"r/{key}"
+
+
+def returning_key(transaction_id: str) -> str:
+    """The engine record key of the returns in flight of a payment posted here (or of a step of one):
+    {T: amount} for each return's reservation that counts on it, dropped at its decision (a commit counts
+    the return on the payment's own record), so two returns in flight cannot both pass its unreturned check."""
+    return f"u/{transaction_id}"
 
 
 # Engine records indexing the producers' copies whose reservation waits for the coordinator's Reserve, by
@@ -116,6 +125,9 @@ class Reservation:
     tx: dict[str, Any]  # the transaction's PostTransaction body, as on the wire
     tag: str  # "~copy" when reserved at the producer's copy (its internal holds' ids carry it), else ""
     copy: str | None  # the copy's fingerprint until the coordinator's Reserve confirms it, else None
+    # For a share of a return: what it returns of the payment's share here (payer, payee, amount, the
+    # transactions counting it), as judged at the reservation; its commit counts it. None otherwise.
+    returned: Returned | None = None
 
     def confirmed(self) -> "Reservation":
         """The copy's reservation, taken as this partition's vote."""
@@ -130,11 +142,21 @@ class Reservation:
     def to_json(self) -> dict[str, Any]:
         return {"holds": [list(h) for h in self.holds], "locks": [list(lock) for lock in self.locks],
                 "credits": [list(c) for c in self.credits], "at_ms": self.at_ms, "tx": self.tx, "tag": self.tag,
-                "copy": self.copy}
+                "copy": self.copy, **({} if self.returned is None else {"returned": [
+                    self.returned.payer, self.returned.payee, self.returned.amount, list(self.returned.counted)]})}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Reservation":
         # Records from before credits were reserved have none; before copies, no tag and no copy.
         return cls(tuple((h, a, n) for h, a, n in data["holds"]), tuple((h, a, n) for h, a, n in data["locks"]),
                    tuple((a, n) for a, n in data.get("credits", [])), data["at_ms"], data["tx"],
-                   data.get("tag", ""), data.get("copy"))
+                   data.get("tag", ""), data.get("copy"), _returned(data.get("returned")))
+
+
+def _returned(data: list | None) -> Returned | None:
+    """A reservation's returned, None in records of other transactions and from before returns crossed
+    partitions."""
+    if data is None:
+        return None
+    payer, payee, amount, counted = data
+    return Returned(payer, payee, amount, tuple(counted))

@@ -37,11 +37,12 @@ from typing import TYPE_CHECKING, Any
 import json
 
 from streams import core, limits, names, placement, routing
-from streams.inflight import InFlight, Reservation, coordinator_key, copy_due_key, reservation_key
+from streams.inflight import InFlight, Reservation, coordinator_key, copy_due_key, reservation_key, returning_key
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, returns, settlement
 from streams.routing import ENGINE_CLIENT
-from streams.wire import command_from_wire, command_record, command_to_wire, holds_to_wire, rejection_to_wire
+from streams.wire import (command_from_wire, command_record, command_to_wire, holds_to_wire, rejection_to_wire,
+                          result_to_wire)
 
 if TYPE_CHECKING:
     from streams.partition import PartitionProcessor
@@ -195,7 +196,7 @@ class Spanning:
                                records=[(coordinator_key(key), pending.with_retry().to_json())])
             return
         shape = core.transaction_shape_failures(tx)  # as the core's first stage: before any state is read
-        returning = returns.judge_spanning(tx.metadata)
+        returning = returns.judge_spanning(tx.metadata, tx.legs)
         if not shape and returning is not None:
             proc.reject_command(tx, *returning)
             return
@@ -407,6 +408,12 @@ class Spanning:
                 plain[account_id] = net
             elif net < 0:
                 credits[account_id] = -net
+        returned = None
+        if not failures and returns.returned_payment(tx.metadata) is not None:
+            judged = self._returned_share(key, tx, mine, plain, offset, at_ms)
+            if type(judged[0]) is Rejection:
+                return _most_urgent([judged, *refusals]), [], {}
+            returned = judged
         tag = "~copy" if copy else ""
         holds = {account_id: core.PlaceHold(command_id=names.step_id(key + tag, "hold", account_id),
                                             client_id=ENGINE_CLIENT,
@@ -446,6 +453,9 @@ class Spanning:
         for account_id, amount in credits.items():
             current = state.record(f"n/{account_id}") or {}
             records.append((f"n/{account_id}", {**current, key: amount}))
+        for transaction_id in returned.counted if returned is not None else ():
+            records.append((returning_key(transaction_id),
+                            {**(state.record(returning_key(transaction_id)) or {}), key: returned.amount}))
         system = [proc.local(leg.account_id) for leg in tx.legs if routing.is_system(leg.account_id)] \
             if where.coordinator == proc.partition else []
         for account_id in dict.fromkeys([a for _, a, _ in placed] + [a for a, _ in locks.values()] + list(credits)
@@ -455,7 +465,7 @@ class Spanning:
         reservation = Reservation(holds=tuple((h, a, n) for h, a, n in placed),
                                   locks=tuple((h, a, n) for h, (a, n) in locks.items()),
                                   credits=tuple(credits.items()), at_ms=at_ms, tx=command_to_wire(tx)["body"][1],
-                                  tag=tag, copy=proc.fingerprint(tx) if copy else None)
+                                  tag=tag, copy=proc.fingerprint(tx) if copy else None, returned=returned)
         records.append((reservation_key(key), reservation.to_json()))
         return None, records, {"accounts": list(held["accounts"].values()), "holds": list(held["holds"].values()),
                                "history": held["history"]}
@@ -481,6 +491,39 @@ class Spanning:
                                      transaction_id=tx.transaction_id, kind=tx.kind, legs=tuple(legs))
         result = core.decide(self.state, probe, proc.currencies)
         return [] if result.outcome == "accepted" else [(result.reason, result.detail)]
+
+    def _returned_share(self, key: str, tx: core.PostTransaction, mine: list[Leg], plain: dict[str, int],
+                        offset: int, at_ms: int) -> tuple[Rejection, str] | returns.Returned:
+        """A return's share in this partition, judged by the core (returns.judge_named) as it will post: this
+        partition's leg against the local clearing shard, the mirror of the payment's share here (the payee's
+        partition holds ``clearing -> payee``, the payer's ``payer -> clearing``), counting what returns in
+        flight hold of the payment. Where the payee is debited, what its available cannot cover (the money is
+        spent) is reserved on its receivable instead (returns.covered; opened here on first use), so the
+        return is never refused insufficient_funds: `plain` (account -> debit to hold) changes so."""
+        proc, state = self.proc, self.state
+        totals: dict[str, int] = defaultdict(int)
+        for leg in mine:
+            totals[state.account(leg.account_id).currency] += leg.amount
+        legs = (*mine, *(Leg(routing.shard_of(names.clearing(c), proc.partition), -n) for c, n in totals.items() if n))
+        judged = returns.judge_named(tx.transaction_id, tx.metadata, tx.client_id, tuple(legs), tx.links,
+                                     state.transaction,
+                                     lambda paid: sum((state.record(returning_key(paid)) or {}).values()))
+        if type(judged[0]) is Rejection:
+            return judged
+        payee = state.account(judged.payee) if judged.payee in plain else None
+        spent = 0 if payee is None else judged.amount - returns.covered(payee, judged.amount)
+        if spent:
+            receivable = settlement.receivable_of(payee.routing_key, payee.currency)
+            if state.account(receivable) is None:
+                proc.execute(core.OpenAccount(command_id=names.step_id(key, "open", receivable),
+                                              client_id=ENGINE_CLIENT, at_ms=at_ms, account_id=receivable,
+                                              currency=payee.currency, policy=core.SYSTEM_POLICY,
+                                              routing_key=payee.routing_key), offset)
+            plain[payee.id] -= spent
+            if not plain[payee.id]:
+                del plain[payee.id]
+            plain[receivable] = plain.get(receivable, 0) + spent
+        return judged
 
     def _credit_failures(self, key: str, tx: core.PostTransaction, credits: dict[str, int], offset: int,
                          at_ms: int) -> list[tuple[Rejection, str]]:
@@ -836,6 +879,9 @@ class Spanning:
         for account_id, _ in reservation.credits:
             rest = {k: v for k, v in (state.record(f"n/{account_id}") or {}).items() if k != key}
             records.append((f"n/{account_id}", rest or None))
+        for transaction_id in reservation.returned.counted if reservation.returned is not None else ():
+            rest = {k: v for k, v in (state.record(returning_key(transaction_id)) or {}).items() if k != key}
+            records.append((returning_key(transaction_id), rest or None))
         for account_id in reservation.accounts + self._system_shards(key, reservation):
             rest = [k for k in (state.record(f"k/{account_id}") or []) if k != key]
             records.append((f"k/{account_id}", rest or None))
@@ -886,14 +932,24 @@ class Spanning:
             return
         proc.open_shards([names.clearing(c) for c in totals] + [leg.account_id for leg in system], original,
                           offset)
-        # Judged at the reservation's time: what was reserved then is posted now, whatever the clock says.
+        # Judged at the reservation's time: what was reserved then is posted now, whatever the clock says. The
+        # share is the client's transaction (its record keeps the client, and what it returns, counted on the
+        # payment's share here as the reservation judged it), posted by the engine's decide step.
+        metadata = settlement.carried(original.metadata)
+        if reservation.returned is not None:
+            metadata += returns.carried(original.metadata)
         command = core.PostTransaction(command_id=decide_id, client_id=ENGINE_CLIENT, at_ms=reservation.at_ms,
                                        transaction_id=original.transaction_id, legs=tuple(legs + clearing),
                                        kind=original.kind, reference=original.reference, links=original.links,
-                                       occurred_at_ms=original.occurred_at_ms,
-                                       metadata=settlement.carried(original.metadata))
-        result = proc.execute(command, offset, records=records)
+                                       occurred_at_ms=original.occurred_at_ms, metadata=metadata)
+        share_fingerprint = proc.fingerprint(command)
+        result, changes = core.execute_share(proc.state, command, client_id, proc.currencies, reservation.returned,
+                                             share_fingerprint)
         assert result.outcome == "accepted", f"reserved legs refused at commit: {result}"
+        if changes.processed is None:  # posted already (answered from the inbox)
+            proc.emit_result(result_to_wire(result, command.at_ms, None, []))
+            return
+        proc.record_decision(command, result, changes, offset, share_fingerprint, records)
 
     def _in_flight(self, key: str) -> InFlight | None:
         """The coordinator's record of transaction key T, None when there is none (not begun, or decided)."""

@@ -20,7 +20,7 @@ from streams.core.commands import (
     accounts_touched,
     reversal_of,
 )
-from streams.core.decide import MAX_LEGS, decide, execute, transaction_shape_failures
+from streams.core.decide import MAX_LEGS, decide, execute, execute_share, transaction_shape_failures
 from streams.core.events import (
     AccountOpened,
     AccountStatusChanged,
@@ -69,5 +69,5 @@ __all__ = [
     "RecordRate", "RegisterCurrency", "Rejection", "transaction_urgency", "transaction_shape_failures", "ReleaseHold", "Result", "ReverseTransaction", "SYSTEM_POLICY",
     "StateReader", "TransactionPosted", "TransactionReversed", "UnfreezeAccount", "accounts_touched", "apply",
     "assert_changes_balanced", "check_account", "check_hold", "decide",
-    "execute", "format_amount", "no_changes", "parse_amount", "reversal_of", "routing_key_for",
+    "execute", "execute_share", "format_amount", "no_changes", "parse_amount", "reversal_of", "routing_key_for",
 ]

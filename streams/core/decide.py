@@ -49,11 +49,11 @@ from streams.core.model import SYSTEM_POLICY, Account, AccountStatus, HoldStatus
 from streams.core.money import DEFAULT_CURRENCIES, MAX_ABS_AMOUNT, MAX_SCALE, CurrencyRegistry, valid_code
 from streams.core.rejections import Rejection
 from streams.core.results import ACCEPTED, REJECTED, Processed, Result
-from streams.core.returns import judge_return, returned_payment
+from streams.core.returns import Returned, covered, judge_named, returned_payment
 from streams.core.settlement import LATE_SETTLEMENT, STRICT, ended, judge_capture, receivable_of, terms_of
 from streams.core.state import Changes, StateReader, no_changes
 
-__all__ = ["decide", "execute", "apply", "Result", "MAX_LEGS", "transaction_shape_failures"]
+__all__ = ["decide", "execute", "execute_share", "apply", "Result", "MAX_LEGS", "transaction_shape_failures"]
 
 # More legs than this is refused as invalid_command: a bound on the work and size of one decision.
 MAX_LEGS = 256
@@ -415,13 +415,7 @@ class _WithAccount:
 def _judge_return(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry) -> _Judgement:
     """A return or chargeback (streams/core/returns.py): checked against the payment it names, then what the
     payee's available cannot cover is taken from its receivable, and the legs are judged like any transaction."""
-    returns = returned_payment(c.metadata)
-    if not returns or not c.transaction_id or returns == c.transaction_id:
-        return (_INVALID, "a return names the payment it returns (ledger.returns), not itself")
-    original = state.transaction(returns)
-    if original is None:
-        return (Rejection.UNKNOWN_TRANSACTION, f"transaction {returns} was not posted in this partition")
-    judged = judge_return(original, c.client_id, c.legs, c.links, state.transaction)
+    judged = judge_named(c.transaction_id, c.metadata, c.client_id, c.legs, c.links, state.transaction)
     if type(judged[0]) is Rejection:
         return judged
     payer, payee, amount, counted = judged
@@ -431,8 +425,8 @@ def _judge_return(state: StateReader, c: PostTransaction, currencies: CurrencyRe
     opened: tuple[Event, ...] = ()
     legs = c.legs
     account = state.account(payee)
-    if account is not None and not account.policy.allow_negative:
-        take = max(0, min(amount, account.available + account.policy.overdraft_limit))
+    if account is not None:
+        take = covered(account, amount)
         if take < amount:  # the money is spent: the rest becomes what the payee owes
             receivable = receivable_of(account.routing_key, account.currency)
             if state.account(receivable) is None:
@@ -449,8 +443,12 @@ def _judge_return(state: StateReader, c: PostTransaction, currencies: CurrencyRe
         return posted
     # Every step of the payment counts the return (the payment named first: the return records it as what it
     # returns), so no step's money is returned again through another flow or on its own (returns.py).
-    return (*opened, *posted, *(TransactionReturned(transaction_id=step, returned_by=c.transaction_id,
-                                                    amount=amount, at_ms=c.at_ms) for step in counted))
+    return (*opened, *posted, *_counted(c, Returned(payer, payee, amount, counted)))
+
+
+def _counted(c: PostTransaction, returned: Returned) -> tuple[TransactionReturned, ...]:
+    return tuple(TransactionReturned(transaction_id=step, returned_by=c.transaction_id, amount=returned.amount,
+                                     at_ms=c.at_ms) for step in returned.counted)
 
 
 def _overdraw_to_receivables(state: StateReader, accounts: dict[str, Account], legs: tuple[Leg, ...],
@@ -630,9 +628,10 @@ _JUDGES = {
 
 
 def _decide(state: StateReader, command: Command, currencies: CurrencyRegistry,
-            fingerprint: str | None = None) -> tuple[Result, str | None]:
-    """Steps 1-3: the result and the fingerprint to remember (None = remember nothing)."""
-    judge = _JUDGES.get(type(command))
+            fingerprint: str | None = None, judge=None) -> tuple[Result, str | None]:
+    """Steps 1-3: the result and the fingerprint to remember (None = remember nothing). judge: the rules
+    to judge it by, when not its type's (a share of a transaction decided across partitions)."""
+    judge = judge or _JUDGES.get(type(command))
     if judge is None:
         raise TypeError(f"not a command: {command!r}")
     command_id = command.command_id
@@ -677,10 +676,41 @@ def execute(
     result, fingerprint = _decide(state, command, currencies, fingerprint)
     if fingerprint is None:
         return result, no_changes()
+    return result, _changes(state, result, fingerprint)
+
+
+def _changes(state: StateReader, result: Result, fingerprint: str) -> Changes:
+    """Steps 4-5 of a decided command: every record it writes."""
     processed = ((result.client_id, result.command_id), Processed(fingerprint, result))
     if not result.events:
-        return result, Changes({}, {}, (), processed)
+        return Changes({}, {}, (), processed)
     changes = apply(state, result.events)
     assert_changes_balanced({aid: state.account(aid) for aid in changes.accounts}, changes.accounts.values())
-    return result, Changes(changes.accounts, changes.holds, changes.history, processed, changes.transactions,
-                           changes.currencies, changes.rates)
+    return Changes(changes.accounts, changes.holds, changes.history, processed, changes.transactions,
+                   changes.currencies, changes.rates)
+
+
+def execute_share(state: StateReader, share: PostTransaction, owner: str,
+                  currencies: CurrencyRegistry = DEFAULT_CURRENCIES, returned: Returned | None = None,
+                  fingerprint: str | None = None) -> tuple[Result, Changes]:
+    """execute for one partition's share of a transaction decided across partitions (streams/spanning.py),
+    posted by the engine (the share's client) once every partition reserved its legs, judged by the general
+    rules. Its record is the transaction's client's, ``owner``: only that client may return or reverse it,
+    as in one partition. returned: for a share of a return, what it returns of the payment's share here, as
+    judged at the reservation (returns.judge_named); the share's decision counts it on that payment."""
+
+    def judge(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry) -> _Judgement:
+        # A share of a return names the payment in its metadata: judged by the general rules, not again
+        # as a return (its reservation was).
+        judged = _judge_transaction(state, c, currencies) if returned is None else \
+            _judge_transaction_rules(state, c, currencies)
+        if type(judged[0]) is Rejection:
+            return judged
+        events = tuple(dataclasses.replace(e, client_id=owner) if type(e) is TransactionPosted else e
+                       for e in judged)
+        return events if returned is None else (*events, *_counted(c, returned))
+
+    result, fingerprint = _decide(state, share, currencies, fingerprint, judge)
+    if fingerprint is None:
+        return result, no_changes()
+    return result, _changes(state, result, fingerprint)

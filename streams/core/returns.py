@@ -25,6 +25,13 @@ its payer to its payee, through these steps, all posted here by the same client,
 Each step counts the return, and what remains unreturned is the net amount minus the most any step counts,
 so money returned through one step (a fronting clawed back) or one flow is never returned again through
 another (docs/wallet-operations.md).
+
+A payment whose payer and payee live in different partitions is remembered in shares, one per partition,
+each a two-leg payment with the local clearing shard (``payer -> clearing`` in the payer's partition,
+``clearing -> payee`` in the payee's). Its return goes through the engine's two phases (streams/spanning.py),
+and each partition judges its share of the return, the mirror of the payment's share there, by these same
+rules (judge_named), counting the returns still in flight (``in_flight``); the commits count the return on
+each share (decide.py, execute_share).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from streams.core.model import Leg, PostedTransaction
+from streams.core.model import Account, Leg, PostedTransaction
 from streams.core.rejections import Rejection
 
 RETURNS_KEY = "ledger.returns"
@@ -46,15 +53,33 @@ def returned_payment(metadata: Iterable[tuple[str, str]]) -> str | None:
     return None
 
 
-def judge_spanning(metadata: Iterable[tuple[str, str]]) -> tuple[Rejection, str] | None:
-    """A return whose payee and payer live in different partitions is refused: the payment it names is
-    remembered there in shares, one per partition (streams/spanning.py), so no partition holds the payment's
-    two legs the rules below judge, nor counts what was returned of it. None for an ordinary transaction."""
+def judge_spanning(metadata: Iterable[tuple[str, str]], legs: tuple[Leg, ...]) -> tuple[Rejection, str] | None:
+    """What the coordinator of a return whose payee and payer live in different partitions judges before
+    anything is reserved: its two legs, one debit and one credit. The rest is judged by each partition on
+    its own share (judge_named, against the payment's share there: streams/spanning.py). None for an
+    ordinary transaction, or a return of that shape."""
     paid = returned_payment(metadata)
     if paid is None:
         return None
-    return (Rejection.NOT_RETURNABLE, f"a return of {paid}, whose payee and payer live in different partitions, "
-                                      f"is not decided across partitions: post a compensating transaction instead")
+    if len(legs) != 2 or sorted(leg.amount > 0 for leg in legs) != [False, True]:
+        return (Rejection.NOT_RETURNABLE, f"a return of {paid} across partitions is two legs: its payee debited, "
+                                          f"its payer credited")
+    return None
+
+
+def carried(metadata: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The ledger.returns entry of a transaction's metadata, which a share of it posted in one partition
+    keeps (streams/spanning.py), so the share's record says what it returns."""
+    return tuple((key, value) for key, value in metadata if key == RETURNS_KEY)
+
+
+def covered(payee: Account | None, amount: int) -> int:
+    """What of a return's amount the payee's own account pays: all of it for an account that may go
+    negative (a system payee), else what its available covers down to its overdraft floor. The rest (the
+    money is spent) is debited from the payee's receivable (settlement.receivable_of)."""
+    if payee is None or payee.policy.allow_negative:
+        return amount
+    return max(0, min(amount, payee.available + payee.policy.overdraft_limit))
 
 
 def payment_legs(original: PostedTransaction) -> tuple[Leg, Leg] | None:
@@ -115,10 +140,32 @@ def _moves_back(legs: tuple[Leg, ...], payment: tuple[Leg, Leg] | None) -> int |
     return shape[1].amount
 
 
+def _nothing_in_flight(transaction_id: str) -> int:
+    return 0
+
+
+def judge_named(transaction_id: str, metadata: Iterable[tuple[str, str]], client_id: str, legs: tuple[Leg, ...],
+                links: Iterable[str], posted: Callable[[str], PostedTransaction | None],
+                in_flight: Callable[[str], int] = _nothing_in_flight) -> tuple[Rejection, str] | Returned:
+    """A return as it names its payment: no payment named, or itself (``invalid_command``), a payment not
+    posted here (``unknown_transaction``), then judge_return."""
+    paid = returned_payment(metadata)
+    if not paid or not transaction_id or paid == transaction_id:
+        return (Rejection.INVALID_COMMAND, "a return names the payment it returns (ledger.returns), not itself")
+    original = posted(paid)
+    if original is None:
+        return (Rejection.UNKNOWN_TRANSACTION, f"transaction {paid} was not posted in this partition")
+    return judge_return(original, client_id, legs, links, posted, in_flight)
+
+
 def judge_return(original: PostedTransaction, client_id: str, legs: tuple[Leg, ...], links: Iterable[str],
-                 posted: Callable[[str], PostedTransaction | None]) -> tuple[Rejection, str] | Returned:
+                 posted: Callable[[str], PostedTransaction | None],
+                 in_flight: Callable[[str], int] = _nothing_in_flight) -> tuple[Rejection, str] | Returned:
     """The return's failure, or what it returns. ``links``: the return's links (the steps of a payment made
-    in steps); ``posted``: this partition's record of a transaction, None when it never posted it."""
+    in steps); ``posted``: this partition's record of a transaction, None when it never posted it;
+    ``in_flight``: what returns reserved and not yet decided hold of a transaction (a return across
+    partitions is judged at its reservation and counted at its commit: streams/spanning.py), so two of
+    them in flight together cannot both pass the unreturned check."""
     paid = original.transaction_id
     failure = _standing(original, client_id)
     if failure is not None:
@@ -154,10 +201,12 @@ def judge_return(original: PostedTransaction, client_id: str, legs: tuple[Leg, .
         return (Rejection.NOT_RETURNABLE, f"a return of {paid} moves money from {payment[1].account_id} back to "
                                           f"{payment[0].account_id} in two legs of one amount")
     assert payment is not None
-    returned = max(step.returned for step in steps)
+    returned, done = max((step.returned + in_flight(step.transaction_id), step.returned) for step in steps)
     unreturned = payment[1].amount - returned
     if amount > unreturned:
         counted = f"{returned} of {payment[1].amount} returned already"
+        if returned != done:
+            counted += f", {returned - done} of it by returns in flight"
         return (Rejection.EXCEEDS_UNRETURNED, f"return of {amount} exceeds the {max(unreturned, 0)} unreturned "
                                               f"of {paid} ({counted})")
     return Returned(payment[0].account_id, payment[1].account_id, amount, tuple(s.transaction_id for s in steps))

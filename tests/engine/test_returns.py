@@ -1,11 +1,13 @@
 """Returns and chargebacks through the broker: a partial return, a chargeback after the money was spent (the
 rest overdrawn into the user's receivable, opened by the worker), an over-return and an unknown payment refused,
-a settled deposit in transit charged back through the rules (deposit_charged_back), and the oracles after. Each
+a settled deposit in transit charged back through the rules (deposit_charged_back), a payment between users
+of two partitions returned after it was spent (through both phases), and the oracles after. Each
 decision rule has its table-driven case in tests/core/test_scenarios.py, each rule its scenario in
 tests/rules/test_scenarios.py; one worker serves the whole test."""
 from __future__ import annotations
 
 from connectors import rules
+from streams import routing
 from connectors.client import LedgerClient, Leg
 from projections.topics import read_topic
 from projections.verify import format_report, verify, wait_quiescent
@@ -58,6 +60,32 @@ def test_a_chargeback_after_the_money_is_spent_overdraws_into_the_receivable(set
                    if r.value["transaction_id"] == "deposit_charged_back:card-1"]
         assert sorted((h["account_id"].split("@")[0], h["amount"]) for h in charged) == [
             ("sys:custody:USD", "10000"), ("user:cy:USD", "-1000"), ("user:cy:receivable.USD", "-9000")]
+
+        # 100.00 paid from a user of one partition to a user of another, 30.00 of it spent, all of it returned:
+        # sent as the client places it (to both partitions), judged in each on its share of the payment.
+        payer = "user:dee:USD"
+        payee = next(f"user:ed{i}:USD" for i in range(100) if routing.partition_of_account(f"user:ed{i}:USD",
+            settings.partitions) != routing.partition_of_account(payer, settings.partitions))
+        ids = [gateway.open_account(payer, "USD"), gateway.open_account(payee, "USD"),
+               gateway.post("dep-dee", [Leg("sys:world:USD", -10_000), Leg(payer, 10_000)], kind="deposit")]
+        ids.append(gateway.post("pay-ed", [Leg(payer, -10_000), Leg(payee, 10_000)]))
+        assert [outcome(r) for r in gateway.wait(ids).values()] == ["accepted"] * len(ids)
+        ids = [gateway.post("wd-ed", [Leg(payee, -3_000), Leg("sys:world:USD", 3_000)], kind="withdrawal")]
+        assert [outcome(r) for r in gateway.wait(ids).values()] == ["accepted"]
+        ids = [gateway.return_payment("ret-ed", "pay-ed", payee, payer, 10_000)]
+        assert [outcome(r) for r in gateway.wait(ids).values()] == ["accepted"]
+        other = LedgerClient(settings, "other")
+        try:
+            ids = [gateway.return_payment("ret-ed-2", "pay-ed", payee, payer, 1)]
+            refused = [other.return_payment("ret-ed-3", "pay-ed", payee, payer, 1)]
+            assert [outcome(r) for r in gateway.wait(ids).values()] == ["exceeds_unreturned"]
+            assert [outcome(r) for r in other.wait(refused).values()] == ["client_mismatch"]
+        finally:
+            other.close()
+        balances = latest_balances(settings)
+        owed = f"{routing.routing_key_for(payee)}:receivable.USD"
+        assert (balances[payer]["posted"], balances[payee]["posted"], balances[owed]["posted"]) == (
+            "10000", "0", "-3000")
         assert wait_quiescent(settings)
         report = verify(settings)
         assert report.ok, format_report(report)

@@ -155,34 +155,6 @@ def test_a_command_rejected_before_the_core_gets_one_decision_however_often_it_i
         assert answers[0]["at_ms"] == answers[1]["at_ms"], "the retry is answered with the decision, not judged again"
 
 
-def test_a_return_whose_payee_and_payer_live_in_different_partitions_is_refused_not_posted():
-    """A payment X -> Y across partitions is remembered in two shares, so no partition can judge a return of
-    it (the payment named, what remains unreturned): such a return is refused not_returnable and moves nothing,
-    whatever payment it names, where it once posted as a plain transfer."""
-    from streams.core.returns import RETURNS_KEY
-    from tests.helpers.records import local_users, open_account
-    x, y = local_users(1, partition=0)[0], local_users(1, partition=1)[0]
-    bus = Bus()
-    for account in (x, y):
-        bus.send(open_account(account), account)
-    bus.send(tx("dep", [("sys:world:USD", -1_000, None, None), (x, 1_000, None, None)], kind="deposit"), x)
-    bus.send(tx("pay", [(x, -100, None, None), (y, 100, None, None)], kind="transfer"), x)
-    bus.run()
-    assert bus.result("pay")["outcome"] == "accepted"
-    for return_id, names in (("ret-1", "pay"), ("ret-2", "no-such-payment")):
-        value = command(return_id, "PostTransaction", {
-            "transaction_id": return_id, "kind": "return", "reference": None, "links": [],
-            "metadata": {RETURNS_KEY: names}, "occurred_at_ms": None, "rate_snapshot_id": None,
-            "legs": [{"account_id": y, "amount": "-50", "hold_id": None, "currency": None},
-                     {"account_id": x, "amount": "50", "hold_id": None, "currency": None}]})
-        bus.send(value, y)
-    bus.run()
-    assert [(bus.result(r)["outcome"], bus.result(r)["reason"]) for r in ("ret-1", "ret-2")] == [
-        ("rejected", "not_returnable")] * 2
-    assert (bus.account(x), bus.account(y)) == ((900, 0), (100, 0))
-    assert_books_balance(bus, ("USD",))
-
-
 def test_a_command_id_with_slashes_goes_through_both_phases():
     """The transaction's key is client_id/command_id; a command id may hold '/' itself (ids are free text).
     A payment across partitions with a fee, under such an id, posts everywhere and leaves nothing reserved."""

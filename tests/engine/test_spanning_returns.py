@@ -1,0 +1,203 @@
+"""Returns of a payment whose money crossed partitions, through eight in-memory partition processors (no
+broker): the payment X -> Y is remembered in two shares, ``X -> clearing@x`` in X's partition and
+``clearing@y -> Y`` in Y's, and a return Y -> X goes through the two phases, each partition judging its
+own share of the return against the payment's share there (streams/core/returns.py, judge_named), the
+payee's partition counting the returns in flight (docs/wallet-operations.md, "Returns of a payment whose
+money crossed partitions"). Amounts are minor units of USD (scale 2): 100_00 is 100.00.
+"""
+from __future__ import annotations
+
+import pytest
+
+from streams import routing
+from streams.core.returns import RETURNS_KEY
+from tests.helpers.bus import CRASH_POINTS, Bus, Crash, assert_books_balance
+from tests.helpers.records import N, command, local_users, open_account, tx
+
+A, B = local_users(1, partition=0)[0], local_users(1, partition=1)[0]  # the payer, the payee
+A_P, B_P = routing.partition_of_account(A, N), routing.partition_of_account(B, N)
+B_RECEIVABLE = f"{routing.routing_key_for(B)}:receivable.USD"
+
+
+def a_return(return_id: str, payment: str, amount: int, client: str = "t", payee: str = B, payer: str = A,
+             kind: str = "return") -> bytes:
+    """As LedgerClient.return_payment sends it: two legs, linked to the payment, naming it in ledger.returns."""
+    return command(return_id, "PostTransaction", {
+        "transaction_id": return_id, "kind": kind, "reference": None, "links": [payment],
+        "metadata": {RETURNS_KEY: payment}, "occurred_at_ms": None, "rate_snapshot_id": None,
+        "legs": [{"account_id": payee, "amount": str(-amount), "hold_id": None, "currency": None},
+                 {"account_id": payer, "amount": str(amount), "hold_id": None, "currency": None}]}, client)
+
+
+def paid_and_spent(spent: int = 30_00, a_cap: int | None = None) -> Bus:
+    """A deposits 100.00 and pays B 100.00 (across partitions); B spends `spent` of it."""
+    bus = Bus()
+    bus.send(open_account(A, max_balance=a_cap), A)
+    bus.send(open_account(B), B)
+    bus.send(tx("dep", [("sys:world:USD", -100_00, None, None), (A, 100_00, None, None)], kind="deposit"), A)
+    bus.run()
+    bus.send(tx("pay", [(A, -100_00, None, None), (B, 100_00, None, None)], kind="transfer"), A)
+    bus.run()
+    if spent:
+        bus.send(tx("spend", [(B, -spent, None, None), ("sys:world:USD", spent, None, None)], kind="withdrawal"), B)
+        bus.run()
+    assert [bus.result(c)["outcome"] for c in ("dep", "pay", *(["spend"] if spent else []))] == ["accepted"] * (
+        3 if spent else 2)
+    return bus
+
+
+def answers(bus: Bus, *command_ids: str) -> list[tuple[str, str | None]]:
+    return [(bus.result(c)["outcome"], bus.result(c)["reason"]) for c in command_ids]
+
+
+def share(bus: Bus, partition: int, transaction_id: str):
+    return bus.procs[partition].state.transaction(transaction_id)
+
+
+def test_a_payment_across_partitions_spent_in_part_is_returned_whole_the_spent_part_on_the_receivable():
+    bus = paid_and_spent()
+    bus.send(a_return("ret-1", "pay", 100_00), B)
+    bus.run()
+    bus.send(a_return("ret-2", "pay", 1), B)
+    bus.run()
+    assert answers(bus, "ret-1", "ret-2") == [("accepted", None), ("rejected", "exceeds_unreturned")]
+    assert bus.result("ret-2")["detail"] == ("return of 1 exceeds the 0 unreturned of pay "
+                                             "(10000 of 10000 returned already)")
+    assert bus.account(A) == (100_00, 0), "all of it back"
+    assert bus.account(B) == (0, 0), "the 70.00 left is taken"
+    assert bus.account(B_RECEIVABLE) == (-30_00, 0), "the 30.00 spent is what B owes"
+    # Each share keeps the client, the payment's shares count the return, the return's shares say what they return.
+    for p in (A_P, B_P):
+        assert (share(bus, p, "pay").client_id, share(bus, p, "pay").returned) == ("t", 100_00)
+        assert (share(bus, p, "ret-1").client_id, share(bus, p, "ret-1").returns) == ("t", "pay")
+    ret = sorted((h["account_id"].split("@")[0], h["amount"], h["kind"], tuple(h["links"]))
+                 for h in bus.history if h["transaction_id"] == "ret-1")
+    assert ret == sorted([(A, "10000", "return", ("pay",)), (B, "-7000", "return", ("pay",)),
+                          (B_RECEIVABLE, "-3000", "return", ("pay",)),
+                          ("sys:clearing:USD", "10000", "return", ("pay",)),
+                          ("sys:clearing:USD", "-10000", "return", ("pay",))])
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_return_in_parts_takes_what_is_left_first_and_never_more_than_was_paid():
+    bus = paid_and_spent()
+    bus.send(a_return("ret-1", "pay", 50_00), B)  # 70.00 left: all of it from B
+    bus.run()
+    bus.send(a_return("ret-2", "pay", 50_00, kind="chargeback"), B)  # 20.00 left: 30.00 on the receivable
+    bus.run()
+    bus.send(a_return("ret-3", "pay", 1), B)
+    bus.run()
+    assert answers(bus, "ret-1", "ret-2", "ret-3") == [("accepted", None)] * 2 + [("rejected", "exceeds_unreturned")]
+    assert (bus.account(A), bus.account(B), bus.account(B_RECEIVABLE)) == ((100_00, 0), (0, 0), (-30_00, 0))
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_return_across_partitions_is_judged_as_in_one_partition():
+    """Another client's return, a payment neither share knows, a return of a return, three legs, the payer
+    not the one paid: refused with the reason one partition would give, and nothing moves or stays reserved."""
+    bus = paid_and_spent(spent=0)
+    bus.send(tx("local", [(B, -10_00, None, None), ("sys:world:USD", 10_00, None, None)], kind="withdrawal"), B)
+    other_payer = local_users(2, partition=0)[1]
+    bus.send(open_account(other_payer), other_payer)
+    bus.run()
+    bus.send(a_return("by-other", "pay", 10_00, client="other"), B)
+    bus.send(a_return("unknown", "no-such-payment", 10_00), B)
+    bus.send(a_return("to-other", "pay", 10_00, payer=other_payer), B)
+    # A payment of B's partition alone (to sys:world): B's partition votes not_returnable (its payer is not
+    # A), A's partition never posted it (unknown_transaction, the more urgent reason, as ever across votes).
+    bus.send(a_return("of-local", "local", 10_00), B)
+    three = command("three", "PostTransaction", {
+        "transaction_id": "three", "kind": "return", "reference": None, "links": ["pay"],
+        "metadata": {RETURNS_KEY: "pay"}, "occurred_at_ms": None, "rate_snapshot_id": None,
+        "legs": [{"account_id": B, "amount": "-1000", "hold_id": None, "currency": None},
+                 {"account_id": A, "amount": "500", "hold_id": None, "currency": None},
+                 {"account_id": other_payer, "amount": "500", "hold_id": None, "currency": None}]})
+    bus.send(three, B)
+    bus.run()
+    assert answers(bus, "by-other", "unknown", "to-other", "of-local", "three") == [
+        ("rejected", "client_mismatch"), ("rejected", "unknown_transaction"), ("rejected", "not_returnable"),
+        ("rejected", "unknown_transaction"), ("rejected", "not_returnable")]
+    bus.send(a_return("ret-1", "pay", 40_00), B)
+    bus.run()
+    bus.send(a_return("ret-of-ret", "ret-1", 10_00, payee=A, payer=B), A)
+    bus.run()
+    assert answers(bus, "ret-1", "ret-of-ret") == [("accepted", None), ("rejected", "not_returnable")]
+    assert (bus.account(A), bus.account(B)) == ((40_00, 0), (50_00, 0))
+    assert_books_balance(bus, ("USD",))
+
+
+def test_two_returns_in_flight_together_cannot_both_pass_the_unreturned_check():
+    """Both reach the payee's partition before either is decided: the first reserves 60.00 of the payment,
+    so the second (60.00 of the 40.00 left) is refused there; a third of 40.00 fits beside the first."""
+    bus = paid_and_spent(spent=0)
+    bus.send(a_return("ret-a", "pay", 60_00), B)
+    bus.send(a_return("ret-b", "pay", 60_00), B)
+    bus.send(a_return("ret-c", "pay", 40_00), B)
+    for _ in range(3):
+        bus.step(B_P)  # each begins: B's share judged and reserved, its Reserve out to A's partition
+    assert not [r for r in bus.results if r["command_id"].startswith("ret-")], "none decided yet"
+    bus.run()
+    assert answers(bus, "ret-a", "ret-b", "ret-c") == [
+        ("accepted", None), ("rejected", "exceeds_unreturned"), ("accepted", None)]
+    assert bus.result("ret-b")["detail"] == ("return of 6000 exceeds the 4000 unreturned of pay (6000 of 10000 "
+                                             "returned already, 6000 of it by returns in flight)")
+    assert (bus.account(A), bus.account(B)) == ((100_00, 0), (0, 0))
+    assert share(bus, B_P, "pay").returned == share(bus, A_P, "pay").returned == 100_00
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_return_refused_by_the_payers_partition_releases_what_it_reserved_against_the_payment():
+    """A's cap refuses the credit: the return is refused, B's hold and the 100.00 it counted in flight are
+    released, and a return of all of it passes once A has room."""
+    bus = paid_and_spent(spent=0, a_cap=150_00)
+    bus.send(tx("dep-2", [("sys:world:USD", -150_00, None, None), (A, 150_00, None, None)], kind="deposit"), A)
+    bus.run()
+    bus.send(a_return("ret-1", "pay", 100_00), B)
+    bus.run()
+    assert answers(bus, "dep-2", "ret-1") == [("accepted", None), ("rejected", "balance_limit_exceeded")]
+    assert bus.account(B) == (100_00, 0), "B's reservation released"
+    assert not [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/")], "nothing in flight left"
+    bus.send(tx("wd", [(A, -100_00, None, None), ("sys:world:USD", 100_00, None, None)], kind="withdrawal"), A)
+    bus.run()
+    bus.send(a_return("ret-2", "pay", 100_00), B)
+    bus.run()
+    assert answers(bus, "wd", "ret-2") == [("accepted", None)] * 2
+    assert (bus.account(A), bus.account(B)) == ((150_00, 0), (0, 0))
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_return_in_flight_survives_a_restore_from_the_changelog():
+    """B's partition is rebuilt from its changelog alone while the return is reserved: the reservation and
+    what it counts in flight come back, so a second return is still refused, and the first commits."""
+    bus = paid_and_spent()
+    bus.send(a_return("ret-1", "pay", 100_00), B)
+    bus.step(B_P)  # begun: B's 70.00 held, 30.00 held on the receivable, 100.00 of pay in flight
+    assert bus.account(B_RECEIVABLE) == (0, 30_00)
+    bus.crash_restore(B_P, fresh_store=True)
+    bus.send(a_return("ret-2", "pay", 1), B)
+    bus.run()
+    assert answers(bus, "ret-1", "ret-2") == [("accepted", None), ("rejected", "exceeds_unreturned")]
+    assert (bus.account(A), bus.account(B), bus.account(B_RECEIVABLE)) == ((100_00, 0), (0, 0), (-30_00, 0))
+    assert_books_balance(bus, ("USD",))
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+@pytest.mark.parametrize("where", ["decision", "payer's commit"])
+def test_a_crash_anywhere_in_the_decision_of_a_return_loses_and_doubles_nothing(where, point):
+    """The worker dies part way through the step that decides (B's partition: the final vote and B's
+    share) or through A's commit, and restarts from its changelog alone: the return is decided once and
+    posts once."""
+    bus = paid_and_spent()
+    bus.send(a_return("ret-1", "pay", 100_00), B)
+    bus.step(B_P)  # begun
+    bus.step(A_P)  # A's share reserved, its vote out
+    partition = B_P if where == "decision" else A_P
+    if where == "payer's commit":
+        bus.step(B_P)  # the final vote: decided, B's share posted, the Decide out to A
+    bus.step(partition, crash=Crash(point, count=1, fresh_store=True))
+    bus.run()
+    answered = [r for r in bus.results if r["command_id"] == "ret-1" and not r["duplicate"]]
+    assert {(r["outcome"], r["reason"]) for r in answered} == {("accepted", None)}
+    assert (bus.account(A), bus.account(B), bus.account(B_RECEIVABLE)) == ((100_00, 0), (0, 0), (-30_00, 0))
+    assert share(bus, B_P, "pay").returned == share(bus, A_P, "pay").returned == 100_00
+    assert_books_balance(bus, ("USD",))
