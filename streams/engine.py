@@ -335,10 +335,10 @@ class Engine:
         replay starts. A snapshot that claims more than the changelog holds is refused; a stale one only
         costs replay time."""
         proc = self.processor(partition)
-        found = self._read_snapshot(consumer, partition, ends["snapshots"])
+        found = self._latest_manifest(consumer, partition, ends["snapshots"])
         if found is None:
             return proc, start
-        manifest, chunks = found
+        manifest, at = found
         offset = manifest.changelog_offset
         if offset > ends["changelog"]:
             log.warning("partition %d: refused a snapshot that claims changelog offset %d, beyond the changelog's "
@@ -347,43 +347,85 @@ class Engine:
         if offset <= start or offset < low:
             return proc, start  # the store is as far, or the changelog cannot continue the snapshot
         proc = self._wipe(partition)
-        store, batch, pairs = proc.state.store, {}, 0
         try:
-            for key, value in snapshot.decode(manifest, chunks):
-                batch[key] = value
-                if len(batch) >= 10_000:
-                    store.write(batch, set())
-                    pairs, batch = pairs + len(batch), {}
+            if manifest.format == snapshot.FRAMED:
+                self._load_framed(consumer, partition, manifest, ends["snapshots"])
+            else:
+                self._load_table(consumer, partition, manifest, at, ends["snapshots"])
         except snapshot.SnapshotError as exc:
             log.warning("partition %d: refused a snapshot: %s", partition, exc)
             return self._wipe(partition), 0
-        store.write({**batch, CHANGELOG_OFFSET_KEY: str(offset).encode(), COVERED_KEY: str(manifest.covered).encode(),
-                     SNAPSHOT_KEY: _snapshot_mark(offset, manifest.chunks)}, set())
+        proc.state.store.write({CHANGELOG_OFFSET_KEY: str(offset).encode(),
+                                COVERED_KEY: str(manifest.covered).encode(),
+                                SNAPSHOT_KEY: _snapshot_mark(offset, manifest.chunks)}, set())
         proc.state.discard()  # caches and the expiry heap are rebuilt from the store
         self.snapshot_loads += 1
         log.info("partition %d: loaded the snapshot at changelog offset %d (%d pairs in %d chunks)", partition,
-                 offset, pairs + len(batch), manifest.chunks)
+                 offset, manifest.pairs, manifest.chunks)
         return proc, offset
 
-    def _read_snapshot(self, consumer: Consumer, partition: int, end: int) -> tuple[snapshot.Manifest, dict] | None:
-        """The latest committed snapshot of the partition: the last value of each key up to the end."""
-        latest: dict[bytes, bytes | None] = {}
-        for msg in self._read_committed(consumer, "snapshots", partition, 0, end):
-            latest[msg.key() or b""] = msg.value()
-        raw = latest.pop(snapshot.MANIFEST_KEY, None)
-        if raw is None:
-            return None
+    def _latest_manifest(self, consumer: Consumer, partition: int, end: int) -> tuple[snapshot.Manifest, int] | None:
+        """The partition's latest committed manifest and its offset. Each snapshot ends with its manifest, and
+        what follows the latest one is aborted (read_committed skips it) or markers, so it is found in the last
+        few offsets: read windows back from the end, each four times the last, until one holds a manifest."""
+        window = 64
+        while True:
+            first = max(0, end - window)
+            at, raw = None, None
+            for msg in self._read_committed(consumer, "snapshots", partition, first, end):
+                if msg.key() == snapshot.MANIFEST_KEY:
+                    at, raw = msg.offset(), msg.value()
+            if raw is not None:
+                try:
+                    return snapshot.Manifest.decode(raw), at
+                except snapshot.SnapshotError as exc:
+                    log.warning("partition %d: refused a snapshot: %s", partition, exc)
+                    return None
+            if first == 0:
+                return None
+            window *= 4
+
+    def _load_table(self, consumer: Consumer, partition: int, manifest: snapshot.Manifest, at: int,
+                    end: int) -> None:
+        """A format 2 snapshot: its chunks, the committed records from chunk/0's offset to the manifest at `at`,
+        written to a table file as they are read and ingested into the emptied store once the digest holds."""
+        if not manifest.chunks:
+            return
+        table = snapshot.TableWriter(manifest, self._table_path(f"in-{partition}"))
         try:
-            manifest = snapshot.Manifest.decode(raw)
-        except snapshot.SnapshotError as exc:
-            log.warning("partition %d: refused a snapshot: %s", partition, exc)
-            return None
-        chunks = {}
-        for key, value in latest.items():
-            number = key[len(snapshot.CHUNK_PREFIX):]
-            if key.startswith(snapshot.CHUNK_PREFIX) and number.isdigit() and value is not None:
-                chunks[int(number)] = value
-        return manifest, chunks
+            for msg in self._read_committed(consumer, "snapshots", partition, manifest.first_offset, end):
+                n = snapshot.chunk_number(msg.key())
+                if msg.offset() < at and n is not None and n < manifest.chunks:
+                    table.add(n, msg.value() or b"")
+            self.processors[partition].state.store.ingest_table(table.verify())
+        finally:
+            table.discard()
+
+    def _table_path(self, name: str) -> Path:
+        """Where a snapshot's table file is written or received: beside the partitions' stores, not in one (the
+        p<n> directories are the stores)."""
+        folder = self.data_dir / "snapshot-tables"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"{name}.sst"
+
+    def _load_framed(self, consumer: Consumer, partition: int, manifest: snapshot.Manifest, end: int) -> None:
+        """A format 1 snapshot (earlier workers'): its manifest does not say where its chunks start, so the
+        partition is read from its start, keeping the last value of each chunk key."""
+        chunks: dict[int, bytes] = {}
+        for msg in self._read_committed(consumer, "snapshots", partition, 0, end):
+            n = snapshot.chunk_number(msg.key())
+            if n is not None:
+                if msg.value() is None:
+                    chunks.pop(n, None)
+                else:
+                    chunks[n] = msg.value()
+        store, batch = self.processors[partition].state.store, {}
+        for key, value in snapshot.decode_framed(manifest, chunks):
+            batch[key] = value
+            if len(batch) >= 10_000:
+                store.write(batch, set())
+                batch = {}
+        store.write(batch, set())
 
     def _snapshot_due(self, p: int, offset: int) -> bool:
         if SNAPSHOT_EVERY <= 0:
@@ -393,25 +435,41 @@ class Engine:
         return offset - last >= SNAPSHOT_EVERY
 
     def _send_snapshot(self, p: int, producer: Producer, offset: int) -> bytes:
-        """Into the partition's open transaction: the store as it is committed (changelog below `offset`), and
-        tombstones for the previous snapshot's extra chunks. Returns the store's new snapshot mark."""
+        """Into the partition's open transaction: the store as it is committed (changelog below `offset`), as one
+        table file in chunks, tombstones for the previous snapshot's extra chunks, and the manifest. Returns the
+        store's new snapshot mark."""
         store = self.processors[p].state.store
         raw = store.get(SNAPSHOT_KEY)
         previous_chunks = 0 if raw is None else json.loads(raw)["chunks"]
-        chunker = snapshot.Chunker(store.scan(b""))
-        topic = self._topics["snapshots"]
-        for n, chunk in enumerate(chunker):
-            produce(producer, topic, chunk, snapshot.chunk_key(n), partition=p)
-            # The snapshot is the whole state, which grows with history: each chunk waits until at most
-            # SNAPSHOT_CHUNKS_QUEUED are unacknowledged, so librdkafka holds a few chunks, not the snapshot
-            # (queued whole, the snapshots of 8 partitions raised a worker's RSS by about 200 MiB at 100,000
-            # changelog offsets each; docs/engine.md, Memory). Acknowledged is not committed: they stay in the
-            # partition's open transaction.
-            while len(producer) > SNAPSHOT_CHUNKS_QUEUED:
-                producer.poll(0.05)
-        for n in range(chunker.chunks, previous_chunks):
+        table = self._table_path(f"out-{p}")
+        topic, digest, first = self._topics["snapshots"], snapshot.Digest(), {}
+
+        def on_first(err, msg) -> None:
+            first["error"], first["offset"] = err, msg.offset()
+
+        try:
+            pairs = store.export_table(table, skip=snapshot.META_PREFIX)
+            for n, chunk in enumerate(snapshot.file_chunks(table) if pairs else ()):
+                produce(producer, topic, digest.add(chunk), snapshot.chunk_key(n), partition=p,
+                        **({"on_delivery": on_first} if n == 0 else {}))
+                # The snapshot is the whole state, which grows with history: each chunk waits until at most
+                # SNAPSHOT_CHUNKS_QUEUED are unacknowledged, so librdkafka holds a few chunks, not the snapshot
+                # (queued whole, the snapshots of 8 partitions raised a worker's RSS by about 200 MiB at 100,000
+                # changelog offsets each; docs/engine.md, Memory). Acknowledged is not committed: they stay in
+                # the partition's open transaction.
+                while len(producer) > SNAPSHOT_CHUNKS_QUEUED:
+                    producer.poll(0.05)
+        finally:
+            table.unlink(missing_ok=True)
+        for n in range(digest.chunks, previous_chunks):
             produce(producer, topic, None, snapshot.chunk_key(n), partition=p)
-        manifest = chunker.manifest(offset, self.covered.get(p, 0))
+        # The manifest names chunk/0's offset, so that a restore reads this snapshot only: learn it first.
+        while digest.chunks and not first:
+            producer.poll(0.05)
+        if first.get("error") is not None:
+            raise DeliveryFailed(f"partition {p}: a snapshot's first chunk was not delivered: {first['error']}")
+        manifest = snapshot.Manifest(offset, self.covered.get(p, 0), digest.chunks, pairs, digest.hexdigest(),
+                                     first_offset=first.get("offset"))
         produce(producer, topic, manifest.encode(), snapshot.MANIFEST_KEY, partition=p)
         self.snapshots_written += 1
         log.info("partition %d: snapshot at changelog offset %d (%d pairs in %d chunks)", p, offset,

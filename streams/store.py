@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch, WriteBufferManager
+from rocksdict import (BlockBasedOptions, Cache, IngestExternalFileOptions, Options, Rdict, ReadOptions, SstFileWriter,
+                       WriteBatch, WriteBufferManager)
 
 # One memory budget for every partition's RocksDB in a worker: the block cache and the memtables are charged to
 # one cache, so RocksDB's memory stays near LEDGER_ROCKSDB_MEMORY_MB however many partitions the worker serves
@@ -109,6 +110,28 @@ class RocksStore:
         for key, value in puts.items():
             batch.put(key, value)
         self._db.write(batch)
+
+    def export_table(self, path: Path, skip: bytes) -> int:
+        """Every pair but those whose key starts with `skip`, in key order, as one RocksDB table file (SST) at
+        `path`: a snapshot's content (streams/snapshot.py). Returns the number of pairs; with none, no file."""
+        writer, count = None, 0
+        for key, value in self.scan(b""):
+            if key.startswith(skip):
+                continue
+            if writer is None:
+                writer = SstFileWriter(Options(raw_mode=True))
+                writer.open(str(path))
+            writer[key] = value
+            count += 1
+        if writer is not None:
+            writer.finish()
+        return count
+
+    def ingest_table(self, path: Path) -> None:
+        """A table file written by export_table, moved into the store as it is: no pair passes through Python."""
+        options = IngestExternalFileOptions()
+        options.set_move_files(True)
+        self._db.ingest_external_file([str(path)], options)
 
     def close(self) -> None:
         self._db.close()
