@@ -126,15 +126,17 @@ class NullProducer:
             self._callbacks.append((on_delivery, _Delivered(offset)))
 
     def poll(self, timeout=0) -> int:
-        return 0
+        """Serves the delivery reports, as librdkafka's poll does (a snapshot's manifest waits for one)."""
+        callbacks, self._callbacks = self._callbacks, []
+        for callback, msg in callbacks:
+            callback(None, msg)
+        return len(callbacks)
 
     def __len__(self) -> int:  # nothing waits for an acknowledgement here
         return 0
 
     def flush(self, timeout=None) -> int:
-        callbacks, self._callbacks = self._callbacks, []
-        for callback, msg in callbacks:
-            callback(None, msg)
+        self.poll()
         return 0
 
     def commit_transaction(self, timeout=None) -> None:
