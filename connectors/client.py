@@ -281,9 +281,10 @@ class LedgerClient:
         """Commands sent inside the block take effect all together or not at all (streams/linking.py): they
         travel as one linked CommandBatch to the partition of the first, which decides them in order. One
         refused: none takes effect, it keeps its reason and every other is refused linked_failed naming it.
-        Every command must live in that partition (a batch that touches another is refused
-        linked_spans_partitions, each command). Sent when the block ends; an exception sends nothing. Each
-        command gets its own result, as usual (wait())."""
+        Transactions may touch other partitions: the batch is then one unit of the two-phase protocol
+        (streams/spanning_linked.py); any other command must live in that partition (else every command is
+        refused linked_spans_partitions). Sent when the block ends; an exception sends nothing. Each command
+        gets its own result, as usual (wait())."""
         if self._linking is not None:
             raise RuntimeError("already linking")
         self._linking = []

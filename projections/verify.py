@@ -493,7 +493,7 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
     partition's share under an engine id (its decide step ``<client>/<command>~decide~<p>``; ``~commit~<p>``
     in older logs): one entry per reserved debit (plain debits of an account together, captures of a hold
     together), per credited account and per leg on a system account, besides the clearing legs; none under
-    its own id."""
+    its own id. So does each transaction of a linked batch across partitions (streams/spanning_linked.py)."""
     per_command = Counter((e.value["client_id"], e.value["command_id"]) for e in entries.values())
     spanning = {names.begun(r.value["command_id"]) for r in results if r.value["client_id"] == ENGINE_CLIENT} - {None}
     committed: Counter = Counter()  # transaction key -> entries its commits posted, clearing legs left out
@@ -526,8 +526,8 @@ def check_accepted_changed_books_once(report: Report, sent: dict[CommandKey, lis
             added = [is_leg for account, is_leg in receivable[key] if account not in named]
             if expected + len(added) - sum(added) <= per_command[key] <= expected + len(added):
                 return None
-        if f"{key[0]}/{key[1]}" in spanning:
-            share = names.transaction_key(*key)
+        share = names.transaction_key(*key)
+        if share in spanning or committed[share]:  # begun alone, or a transaction of a linked batch across them
             # A late capture's leg is left out when the receivable took all of it.
             if per_command[key] or not _shares(body["legs"]) - overdrawn[share] <= committed[share] <= \
                     _shares(body["legs"]):

@@ -123,8 +123,15 @@ class Linking:
         routes = [proc.route(command) for _, command in commands]
         misplaced = linked.judge_placement((self._touched(route) for route in routes), proc.partition)
         if misplaced is not None:
-            self._refuse_each(offset, commands, *misplaced)
+            self._across(offset, commands, routes)
             return
+        for index, command in commands:
+            if proc.linked_spanning.in_flight(command):  # of a batch across partitions not yet decided
+                proc.position = f"{offset}.{index}"
+                proc.reject(command.command_id, command.client_id, command.at_ms, Rejection.IN_FLIGHT,
+                            "part of a linked batch in flight; it is answered when that batch is decided")
+                self._refuse_others(offset, commands, command, linked.waiting_on(command.command_id))
+                return
         credited: dict[str, int] = {}  # what the batch's earlier commands credit, per account
         for (index, command), route in zip(commands, routes):
             if self._seen(command):
@@ -153,6 +160,19 @@ class Linking:
         decided = linked.execute_linked(proc.state, routed, proc.currencies, fingerprints)
         for (index, _), command, fingerprint, (result, changes) in zip(commands, routed, fingerprints, decided):
             self._answer(offset, index, command, result, changes, fingerprint)
+
+    def _across(self, offset: int, commands: list[tuple[int, core.Command]], routes: list["Route"]) -> None:
+        """A batch touching partitions besides this one: one unit of the two-phase protocol, coordinated here
+        (streams/spanning_linked.py), when every command is a transaction it carries; else every command is
+        refused linked_spans_partitions."""
+        proc = self.proc
+        outside = proc.linked_spanning.outside_scope([command for _, command in commands])
+        if outside is not None:
+            self._refuse_each(offset, commands, *outside)
+            return
+        proc.position = f"{offset}.{commands[0][0]}"
+        proc.linked_spanning.begin(offset, [command for _, command in commands], [route.refusal for route in routes],
+                                   commands[0][1].at_ms)
 
     def _locked(self, command: core.Command) -> tuple[Rejection, str] | None:
         """A capture of a hold a transaction in flight has locked part of is refused in a linked batch: the

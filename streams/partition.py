@@ -29,6 +29,7 @@ from streams.core.policy import judge as judge_policy
 from streams.core.rejections import NOT_A_DECISION
 from streams.linking import Linking
 from streams.spanning import SPANNING_KINDS, Spanning
+from streams.spanning_linked import LINKED_STEP_KINDS, LinkedSpanning
 from streams.inflight import COPY_DUE, parse_copy_due
 from streams.store import KeyValueStore
 from streams.wire import (
@@ -466,6 +467,7 @@ class PartitionProcessor:
         self._fingerprints: dict[int, tuple[core.Command, str]] = {}
         self.spanning = Spanning(self)
         self.linking = Linking(self)
+        self.linked_spanning = LinkedSpanning(self)
         # (command kind, outcome, reason) -> count of results emitted; read and reset by the engine (metrics).
         self.tally: Counter = Counter()
         self.kind = "unknown"
@@ -568,6 +570,9 @@ class PartitionProcessor:
         if kind in SPANNING_KINDS and record["client_id"] == ENGINE_CLIENT and self._is_sealed():
             self.spanning.handle(kind, record, offset, timestamp_ms)
             return
+        if kind in LINKED_STEP_KINDS and record["client_id"] == ENGINE_CLIENT and self._is_sealed():
+            self.linked_spanning.handle(kind, record, offset, timestamp_ms)
+            return
         command = self.admit(record, kind, size, timestamp_ms)
         if isinstance(command, Rejection):
             return
@@ -591,7 +596,8 @@ class PartitionProcessor:
         passes (the engine's seal on engine steps, client authentication, size limits, readable fields);
         when it did not, the reason it was answered with."""
         client_id, command_id = record["client_id"], record["command_id"]
-        if (client_id == ENGINE_CLIENT or kind in SPANNING_KINDS) and not self._is_sealed():
+        steps = kind in SPANNING_KINDS or kind in LINKED_STEP_KINDS
+        if (client_id == ENGINE_CLIENT or steps) and not self._is_sealed():
             self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
                          f"{UNSEALED}: a {kind} as client {client_id!r} is taken only from a record "
                          f"a ledger worker sealed (streams/seal.py); this record has no valid seal")
@@ -607,7 +613,7 @@ class PartitionProcessor:
             except limits.LimitExceeded as exc:
                 self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, exc.detail)
                 return Rejection.INVALID_COMMAND
-        if kind in SPANNING_KINDS:
+        if steps:
             self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND,
                          f"{kind} is issued by the ledger itself")
             return Rejection.INVALID_COMMAND
@@ -655,6 +661,10 @@ class PartitionProcessor:
                 self.spanning.copy(command, offset)
             return
         if not seen_checked and self._answer_if_seen(command):
+            return
+        if self.linked_spanning.in_flight(command):  # answered when its linked batch is decided
+            self.reject(command.command_id, command.client_id, command.at_ms, Rejection.IN_FLIGHT,
+                        "part of a linked batch in flight; it is answered when the batch is decided")
             return
         if self.spanning.under_way(command):  # a retry of a transaction in flight: answered when decided
             self._route_and_execute(command, offset)

@@ -9,9 +9,11 @@ with a detail naming it. Every answer is remembered (the inbox entry is the only
 batch is answered the same; the ids are spent, like any rejection's. A command already decided before (a
 duplicate) keeps its stored answer and is not written again.
 
-Only within one partition: ``judge_placement`` refuses a batch whose commands live anywhere but the partition
-deciding it ``linked_spans_partitions`` (each command, remembered), since a partition can stage and undo only
-its own state; across partitions the batch would be one unit of the two-phase protocol (docs/wallet-operations.md).
+``judge_placement`` tells whether every command lives in the partition deciding the batch. A batch of
+transactions across partitions is one unit of the two-phase protocol (streams/spanning_linked.py,
+docs/wallet-operations.md), decided by the rules below: each partition judges its shares in batch order
+(``first_refused``), reserves what their running sums take from and add to each account (``exposure``), and
+the coordinator answers with ``first_failure`` of the votes and ``unit_answers``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from streams.core.commands import Command
 from streams.core.decide import execute
 from streams.core.model import Account, Hold, PostedTransaction, RateSnapshot
 from streams.core.money import DEFAULT_CURRENCIES, CurrencyRegistry
-from streams.core.rejections import Rejection
-from streams.core.results import REJECTED, Processed, Result
+from streams.core.rejections import Rejection, transaction_urgency
+from streams.core.results import ACCEPTED, REJECTED, Processed, Result
 from streams.core.state import Changes, InboxKey, StateReader
 
 
@@ -166,3 +168,60 @@ def refuse_all(state: StateReader, commands: Sequence[Command], reason: Rejectio
         staged.stage(changes)
         out.append((result, changes))
     return out
+
+
+# --- a linked batch across partitions: one unit of the two-phase protocol -------------------------------------
+Failure = tuple[int, Rejection, str]  # (index of the command in the batch, its reason, the detail)
+
+
+def first_refused(state: StateReader, commands: Sequence[Command],
+                  currencies: CurrencyRegistry = DEFAULT_CURRENCIES) -> Failure | None:
+    """The commands decided in order, each against what the ones before it staged (execute_linked's rule),
+    nothing remembered: the first one refused, or None when every one is accepted. A partition judges its
+    shares of a linked batch across partitions so: an item may spend what an earlier item credited to the
+    same account (an account lives in one partition, so its whole story in the batch is judged here)."""
+    staged = _Staged(state)
+    registry = currencies
+    for index, command in enumerate(commands):
+        result, changes = execute(staged, command, registry)
+        if not result.accepted:
+            return index, result.reason, result.detail
+        staged.stage(changes)
+        for currency in changes.currencies:
+            registry = registry.with_currency(currency)
+    return None
+
+
+def exposure(legs: Iterable[Iterable[tuple[str, int]]]) -> dict[str, tuple[int, int]]:
+    """Per account, (the most the commands' legs, posted in order, take from it at any point, the most they add
+    to it at any point), both >= 0, from their running sums. A partition reserves these while the batch is in
+    flight: the first as a hold (whatever else happens meanwhile, the lowest point stays within the account's
+    limits), the second counted against a cap like any credit in flight."""
+    running: dict[str, int] = {}
+    lowest: dict[str, int] = {}
+    highest: dict[str, int] = {}
+    for command_legs in legs:
+        for account_id, amount in command_legs:
+            total = running[account_id] = running.get(account_id, 0) + amount
+            lowest[account_id] = min(lowest.get(account_id, 0), total)
+            highest[account_id] = max(highest.get(account_id, 0), total)
+    return {account_id: (-lowest[account_id], highest[account_id]) for account_id in running}
+
+
+def first_failure(failures: Iterable[Failure]) -> Failure | None:
+    """What a linked batch across partitions fails on, from the participants' refusals: the earliest command
+    (the one a partition deciding the batch in order meets first), and among several refusals of it the most
+    urgent (transaction_urgency, as one partition weighs a transaction's stages), details breaking ties."""
+    return min(failures, key=lambda f: (f[0], transaction_urgency(f[1]), f[2]), default=None)
+
+
+def unit_answers(commands: Sequence[Command], failure: Failure | None) -> list[Result]:
+    """The answer of each command of a linked batch decided as one unit: every one accepted, or the failing
+    one refused with its reason and every other linked_failed naming it (as execute_linked answers)."""
+    if failure is None:
+        return [Result(c.command_id, c.client_id, ACCEPTED, None, "", ()) for c in commands]
+    index, reason, detail = failure
+    because = failed(commands[index].command_id, reason.code)
+    return [Result(c.command_id, c.client_id, REJECTED, reason, detail, ()) if i == index else
+            Result(c.command_id, c.client_id, REJECTED, Rejection.LINKED_FAILED, because, ())
+            for i, c in enumerate(commands)]

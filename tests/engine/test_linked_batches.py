@@ -1,6 +1,6 @@
 """Linked CommandBatches in the partition processor (streams/linking.py), broker-free: all or nothing in one
 partition, the same answers on a retry, a refusal with the reason of what failed, and a batch that touches
-more than one partition refused whole."""
+another partition with more than transactions refused whole."""
 from __future__ import annotations
 
 import io
@@ -115,14 +115,26 @@ def test_an_engine_step_in_a_linked_batch_is_refused():
     assert balances(proc)[A] == (1_000, 0)
 
 
-def test_a_batch_that_touches_another_partition_is_refused_whole():
+def test_a_batch_that_touches_another_partition_with_more_than_transactions_is_refused_whole():
+    """Across partitions only transactions are linked (streams/spanning_linked.py): an account opened there
+    refuses the batch, every command, and nothing is forwarded."""
     proc, _ = ledger()
-    results, changelog, outputs = feed(proc, [linked(transfer("l1", (A, -1), (B, 1)),
-                                                     transfer("l2", (A, -1), (FAR, 1)))])
+    results, changelog, outputs = feed(proc, [linked(transfer("l1", (A, -1), (B, 1)), open_account(FAR))])
     assert {r["command_id"]: r["reason"] for r in results} == {"l1": "linked_spans_partitions",
-                                                                "l2": "linked_spans_partitions"}
-    assert "[0, 1]" in results[0]["detail"]
+                                                                f"open:{FAR}": "linked_spans_partitions"}
+    assert "only transactions are linked across partitions" in results[0]["detail"]
     assert balances(proc)[A] == (1_000, 0) and not any(o.topic == "commands" for o in outputs)
+
+
+def test_transactions_touching_another_partition_begin_the_two_phase_protocol():
+    """Here the batch's share is reserved (A's 2 held) and the other partition is asked to reserve its own;
+    nobody is answered until every partition has voted (tests/engine/test_linked_spanning.py goes on)."""
+    proc, _ = ledger()
+    results, _, outputs = feed(proc, [linked(transfer("l1", (A, -1), (B, 1)), transfer("l2", (A, -1), (FAR, 1)))])
+    assert not [r for r in results if r["client_id"] == "t"]
+    assert balances(proc)[A] == (1_000, 2)
+    (reserve,) = [C.decode("command", o.value) for o in outputs if o.topic == "commands"]
+    assert (reserve["body"][0], [o.partition for o in outputs if o.topic == "commands"]) == ("ledger.ReserveLinked", [1])
 
 
 def test_the_changelog_of_a_linked_batch_restores_the_same_state():

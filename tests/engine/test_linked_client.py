@@ -1,6 +1,7 @@
 """Linked commands through the broker (client.linked(), streams/linking.py): a batch that posts whole, one
 that is refused whole with the failing command named, a retry answered the same, a batch reaching another
-partition refused, and the oracles after."""
+partition with more than transactions refused, transactions across partitions posted whole or refused whole,
+and the oracles after."""
 from __future__ import annotations
 
 from connectors.client import LedgerClient, Leg
@@ -45,9 +46,25 @@ def test_linked_commands_post_all_or_nothing(settings, start_worker):
         far = client.wait(spanning)
         assert [outcome(far[i]) for i in spanning] == ["linked_spans_partitions"] * 2
 
+        # Transactions across partitions: one unit of the two-phase protocol. The second spends, in the other
+        # partition, what the first credited there; then a batch whose second transaction cannot be funded.
+        opened = client.open_account(other, "USD", command_id="open-other")
+        assert outcome(client.wait([opened])[opened]) == "accepted"
+        with client.linked():
+            across = [client.post("far-1", [Leg("user:li:USD", -40), Leg(other, 40)]),
+                      client.post("far-2", [Leg(other, -30), Leg("user:li:savings.USD", 30)])]
+        with client.linked():
+            unfunded = [client.post("far-3", [Leg("user:li:USD", -10), Leg(other, 10)]),
+                        client.post("far-4", [Leg(other, -1_000), Leg("user:li:USD", 1_000)])]
+        decided = client.wait(across + unfunded)
+        assert [outcome(decided[i]) for i in across + unfunded] == [
+            "accepted", "accepted", "linked_failed", "insufficient_funds"]
+        assert "far-4, which was refused insufficient_funds" in decided["far-3"]["detail"]
+
+        assert wait_quiescent(settings)
         balances = latest_balances(settings)
-        assert (balances["user:li:USD"]["posted"], balances["user:li:savings.USD"]["posted"]) == ("90", "900")
-        assert other not in balances
+        assert (balances["user:li:USD"]["posted"], balances["user:li:savings.USD"]["posted"],
+                balances[other]["posted"]) == ("50", "930", "10")
         assert wait_quiescent(settings)
         report = verify(settings)
         assert report.ok, format_report(report)

@@ -1,0 +1,455 @@
+"""A linked batch whose transactions live in several partitions: one unit of the two-phase protocol.
+
+The rules are the core's (streams/core/linked.py: first_refused, exposure, first_failure, unit_answers); this
+shell routes the steps, loads and persists. The batch is keyed by its first command, K = ``<client>/<id>~linked``,
+and coordinated in the partition it was sent to (streams/linking.py hands it over there).
+
+1. begin (coordinator): the judgements of each transaction as a whole that need no partition's state of
+   another (its shape, double entry, its rate, names internal to the ledger: spanning.Spanning._whole and
+   refusal), then record ``b/K`` (the batch, the participants, their votes) and send ReserveLinked, with every
+   transaction of the batch, to each other partition any of them touches. Its own share is reserved in place.
+2. ReserveLinked (participant): its shares (per transaction, the legs on its accounts, plus the coordinator's
+   system legs on its shards, balanced by its clearing shard) are judged by the core in batch order, each
+   against what the earlier ones staged (first_refused), so a transaction may spend what an earlier one
+   credited to the same account. A transaction whose home this is (where it would be decided alone: its
+   coordinator) fails if it was decided before or is part of another batch in flight. All of it fits: the
+   participant holds, per account, the most the running sum of the batch's legs takes from it (an internal
+   hold ``~K~<account>``) and counts the most it adds (``n/<account>``, as credits in flight are), in one
+   StateChange with its record ``q/K``; the home transactions are marked in flight (``li/<client>/<id>``).
+   It votes with VoteLinked: reserved, or the first transaction it refused and why.
+3. VoteLinked (coordinator): when every vote is in, the batch is decided (first_failure: the earliest refused
+   transaction, the most urgent reason among several refusals of it) and DecideLinked goes to every
+   participant; its own share is decided in place.
+4. DecideLinked (participant): commit = the internal holds are released and the shares post in batch order
+   (each under its transaction's id, as the step ``<T>~decide~<p>`` of that transaction, as a transaction
+   across partitions posts its shares); abort = the holds are released. Either way the partition records the
+   answer of each transaction whose home it is (unit_answers: all accepted, or the failing one with its
+   reason and the others linked_failed naming it), so a retry of one of them, alone or linked, is answered
+   from its home's inbox. What was reserved cannot be refused: the hold kept the lowest point of each
+   running sum available, a freeze or close waits meanwhile, and credits to a capped account wait.
+
+A retry of the whole batch at the coordinator is answered when the batch is decided (in flight) or from
+``b/K`` (decided), as duplicates. Every step's state is written in its own StateChange with its inbox entry
+written last, and every write of a step is named after K, so a step delivered again or redone after a crash
+changes nothing twice.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from streams import core, names, placement, routing
+from streams.core import Leg, Rejection, linked, returns, settlement
+from streams.routing import ENGINE_CLIENT
+from streams.wire import (command_from_wire, command_record, command_to_wire, holds_to_wire, rejection_to_wire,
+                          result_to_wire)
+
+if TYPE_CHECKING:
+    from streams.partition import PartitionProcessor
+
+LINKED_STEP_KINDS = frozenset({"ReserveLinked", "VoteLinked", "DecideLinked"})
+_BATCH = "b/"  # the coordinator's record of a batch: b/<K>
+_SHARE = "q/"  # a participant's record of its share: q/<K>
+_ITEM = "li/"  # a transaction of a batch in flight, at its home: li/<client>/<id> -> K
+
+
+def batch_key(first: core.Command) -> str:
+    return names.step_id(names.transaction_key(first.client_id, first.command_id), "linked")
+
+
+def _accepted(command_id: str, at_ms: int, detail: str = "", holds: list[core.Hold] = ()) -> dict[str, Any]:
+    return {"command_id": command_id, "client_id": ENGINE_CLIENT, "outcome": "accepted", "reason": None,
+            "detail": detail, "duplicate": False, "transaction_id": None, "at_ms": at_ms,
+            "holds": holds_to_wire(list(holds))}
+
+
+def _fingerprint(items: list) -> str:
+    """Of a batch: its commands' clients, ids and fingerprints, in order."""
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+def _decision(wire: dict[str, Any]) -> linked.Failure | None:
+    """The failure a batch's decision step names (its detail: ``item <index>: <detail>``), None: committed."""
+    if wire["outcome"] == "accepted":
+        return None
+    index, _, detail = wire["detail"].removeprefix("item ").partition(": ")
+    return int(index), Rejection.from_code(wire["reason"]), detail
+
+
+def _failure(vote: list | None) -> linked.Failure | None:
+    return None if vote is None else (vote[0], Rejection.from_code(vote[1]), vote[2])
+
+
+def _vote(failure: linked.Failure | None) -> list | None:
+    return None if failure is None else [failure[0], failure[1].code, failure[2][:256]]
+
+
+class LinkedSpanning:
+    """The linked batches across partitions of one partition processor."""
+
+    def __init__(self, proc: "PartitionProcessor"):
+        self.proc = proc
+
+    @property
+    def state(self):
+        return self.proc.state
+
+    # --- what may be linked across partitions ------------------------------------------------------------------
+    @staticmethod
+    def outside_scope(commands: list[core.Command]) -> tuple[Rejection, str] | None:
+        """Why these commands cannot be one unit across partitions (None: they can): only transactions are
+        carried by the protocol; a capture of a client's hold (its lock and settlement terms) and a return
+        (judged against its payment, kept by share) are judged by the single-transaction protocol only; and
+        each command id once."""
+        seen: set[tuple[str, str]] = set()
+        for command in commands:
+            name = command.command_id
+            if not isinstance(command, core.PostTransaction):
+                return (Rejection.LINKED_SPANS_PARTITIONS,
+                        f"{name} is a {type(command).__name__}: only transactions are linked across partitions")
+            if any(leg.hold_id is not None for leg in command.legs):
+                return (Rejection.LINKED_SPANS_PARTITIONS,
+                        f"{name} captures a hold: captures are not linked across partitions")
+            if returns.returned_payment(command.metadata) is not None:
+                return (Rejection.LINKED_SPANS_PARTITIONS, f"{name} is a return: returns are not linked across "
+                                                           f"partitions")
+            key = (command.client_id, command.command_id)
+            if key in seen:
+                return (Rejection.LINKED_SPANS_PARTITIONS, f"{name} is in the batch twice")
+            seen.add(key)
+        return None
+
+    def in_flight(self, command: core.Command) -> bool:
+        """A transaction of a linked batch in flight whose home is this partition: answered once the batch is
+        decided, so it is refused (in_flight, not remembered) if sent meanwhile."""
+        return self.state.record(_ITEM + names.transaction_key(command.client_id, command.command_id)) is not None
+
+    # --- step 1 ----------------------------------------------------------------------------------------------
+    def begin(self, offset: int, commands: list[core.PostTransaction], refusals: list[tuple[Rejection, str] | None],
+              at_ms: int) -> None:
+        """refusals: per command, the engine's refusal of it on its route (None: none)."""
+        proc = self.proc
+        key = batch_key(commands[0])
+        items = [[c.client_id, c.command_id, proc.fingerprint(c)] for c in commands]
+        stored = self.state.record(_BATCH + key)
+        decided = self.state.change_record(ENGINE_CLIENT, names.step_id(key, "decided"))
+        if stored is not None or decided is not None:
+            self._again(key, stored, decided, items, commands, offset, at_ms)
+            return
+        failures: list[linked.Failure] = []
+        for index, command in enumerate(commands):
+            found = [refusals[index]] if refusals[index] is not None else []
+            found += core.transaction_shape_failures(command) or proc.spanning._whole(command)
+            found += [r for r in [proc.spanning.refusal(command)] if r is not None]
+            failures += [(index, reason, detail) for reason, detail in found]
+        wires = [command_to_wire(c)["body"][1] for c in commands]
+        participants = sorted({p for c in commands for p in self._participants(c)} | {proc.partition})
+        body = {"batch_client_id": commands[0].client_id, "batch_command_id": commands[0].command_id,
+                "coordinator_partition": proc.partition,
+                "items": [{"client_id": c.client_id, "command_id": c.command_id, "transaction": w}
+                          for c, w in zip(commands, wires)]}
+        for p in participants:
+            if p != proc.partition:
+                self._send(key, "ReserveLinked", p, commands, at_ms, body)
+        own, records, held = self._reserve(key, commands, proc.partition, at_ms, offset)
+        vote = linked.first_failure(failures + ([own] if own is not None else []))
+        record = {"items": items, "txs": wires, "at_ms": at_ms, "participants": participants,
+                  "votes": {str(proc.partition): _vote(vote)}, "retries": 0}
+        begin_id = names.step_id(key, names.BEGIN)
+        proc.commit_change(ENGINE_CLIENT, begin_id, "", offset,
+                           _accepted(begin_id, at_ms, f"reserving in partitions {participants}",
+                                     held.get("holds", ())),
+                           records=[*records, (_BATCH + key, record)], **held)
+
+    def _again(self, key: str, stored: dict | None, decided: dict | None, items: list,
+               commands: list[core.PostTransaction], offset: int, at_ms: int) -> None:
+        """The batch under a key already begun: a retry (answered when decided, or now from the decision), or
+        another batch under its first command's id (refused, not remembered)."""
+        proc = self.proc
+        if (stored["items"] if stored is not None else decided["fingerprint"]) != \
+                (items if stored is not None else _fingerprint(items)):
+            for command in commands:
+                proc.reject(command.command_id, command.client_id, at_ms, Rejection.ID_CONFLICT,
+                            f"linked with {commands[0].command_id}, whose id a linked batch of other commands "
+                            f"was sent under")
+            return
+        if decided is not None:
+            wire = proc.codec.decode("result", decided["result"])
+            for answer in self._answers(commands, _decision(wire), wire["at_ms"]):
+                proc.emit_result({**answer, "duplicate": True})
+            return
+        retry_id = names.step_id(key, "retry", proc.position)
+        if self.state.change_record(ENGINE_CLIENT, retry_id) is not None:
+            return  # this same retry redone after a crash: counted once
+        proc.commit_change(ENGINE_CLIENT, retry_id, "", offset, _accepted(retry_id, at_ms, "answered when decided"),
+                           records=[(_BATCH + key, {**stored, "retries": stored["retries"] + 1})])
+
+    # --- step 2 ----------------------------------------------------------------------------------------------
+    def _reserve(self, key: str, commands: list[core.PostTransaction], coordinator: int, at_ms: int, offset: int
+                 ) -> tuple[linked.Failure | None, list[tuple[str, Any]], dict[str, Any]]:
+        """This partition's share of the batch judged in order and, if it all fits, reserved. Returns (the
+        first failure, the engine records to write, the internal holds' writes for commit_change)."""
+        proc, state = self.proc, self.state
+        failures: list[linked.Failure] = []
+        homes = [i for i, c in enumerate(commands) if self._home(c, coordinator) == proc.partition]
+        for i in homes:
+            command = commands[i]
+            stored = state.change_record(command.client_id, command.command_id)
+            if stored is not None:
+                wire = proc.codec.decode("result", stored["result"])
+                reason = Rejection.from_code(wire["reason"]) if wire["outcome"] == "rejected" else \
+                    Rejection.LINKED_SPANS_PARTITIONS
+                failures.append((i, reason, f"{command.command_id} was decided before: a linked batch across "
+                                            f"partitions takes commands not decided yet"))
+            elif self.in_flight(command) or proc.spanning.under_way(command):
+                failures.append((i, Rejection.IN_FLIGHT, f"{command.command_id} is in flight already"))
+        shares: list[tuple[int, core.PostTransaction]] = []
+        for i, command in enumerate(commands):
+            share = self._share(key, command, coordinator, at_ms)
+            if isinstance(share, tuple):
+                failures.append((i, *share))
+                break
+            if share is not None:
+                shares.append((i, share))
+        marks = [(_ITEM + names.transaction_key(commands[i].client_id, commands[i].command_id), key) for i in homes]
+        record = {"coordinator": coordinator, "at_ms": at_ms, "homes": homes, "holds": [], "credits": [],
+                  "items": [[c.client_id, c.command_id, command_to_wire(c)["body"][1]] for c in commands]}
+        failure = linked.first_failure(failures)
+        if failure is None:
+            for system in {leg.account_id for _, s in shares for leg in s.legs if routing.is_system(leg.account_id)}:
+                proc.open_shards([routing.unsharded(system)], commands[0], offset)
+            refused = linked.first_refused(state, [s for _, s in shares], proc.currencies)
+            if refused is not None:
+                failure = (shares[refused[0]][0], refused[1], refused[2])
+        if failure is not None:
+            return failure, [*marks, (_SHARE + key, record)], {}
+        return self._hold(key, commands, shares, record, marks, at_ms, offset)
+
+    def _hold(self, key: str, commands: list[core.PostTransaction], shares: list[tuple[int, core.PostTransaction]],
+              record: dict, marks: list, at_ms: int, offset: int
+              ) -> tuple[linked.Failure | None, list[tuple[str, Any]], dict[str, Any]]:
+        proc, state = self.proc, self.state
+        ordinary = [[(leg.account_id, leg.amount) for leg in share.legs if not routing.is_system(leg.account_id)]
+                    for _, share in shares]
+        first_touch: dict[str, int] = {}
+        for (index, _), legs in zip(shares, ordinary):
+            for account_id, _ in legs:
+                first_touch.setdefault(account_id, index)
+        held: dict[str, Any] = {"accounts": [], "holds": [], "history": ()}
+        records: list[tuple[str, Any]] = list(marks)
+        for account_id, (take, add) in linked.exposure(ordinary).items():
+            if take:
+                hold = core.PlaceHold(command_id=names.step_id(key, "hold", account_id), client_id=ENGINE_CLIENT,
+                                      at_ms=at_ms, hold_id=names.internal_hold(key, account_id),
+                                      account_id=account_id, amount=take)
+                result, changes = core.execute(state, hold, proc.currencies)
+                if not result.accepted:
+                    return (first_touch[account_id], result.reason, result.detail), records[:len(marks)] + [
+                        (_SHARE + key, record)], {}
+                held["accounts"] += list(changes.accounts.values())
+                held["holds"] += list(changes.holds.values())
+                held["history"] += changes.history
+                record["holds"].append([hold.hold_id, account_id, take])
+            if add:
+                reserved = state.record(f"n/{account_id}") or {}
+                if reserved:  # on top of the credits other transactions in flight count on (their caps)
+                    failure = self._credit_fits(key, commands[first_touch[account_id]], account_id,
+                                                add + sum(reserved.values()), at_ms, offset)
+                    if failure is not None:
+                        return (first_touch[account_id], *failure), records[:len(marks)] + [
+                            (_SHARE + key, record)], {}
+                records.append((f"n/{account_id}", {**reserved, key: add}))
+                record["credits"].append([account_id, add])
+            records.append((f"k/{account_id}", [*(state.record(f"k/{account_id}") or []), key]))
+        record["reserved"] = True
+        records.append((_SHARE + key, record))
+        return None, records, held
+
+    def _credit_fits(self, key: str, command: core.PostTransaction, account_id: str, total: int, at_ms: int,
+                     offset: int) -> tuple[Rejection, str] | None:
+        """A credit judged as it will post, on top of what transactions in flight count on the account."""
+        proc = self.proc
+        clearing = names.clearing(self.state.account(account_id).currency)
+        proc.open_shards([clearing], command, offset)  # its currency is registered: _share checked it
+        probe = core.PostTransaction(command_id=names.step_id(key, "credit", account_id), client_id=ENGINE_CLIENT,
+                                     at_ms=at_ms, transaction_id=key, kind="transfer",
+                                     legs=(Leg(routing.shard_of(clearing, proc.partition), -total),
+                                           Leg(account_id, total)))
+        result = core.decide(self.state, probe, proc.currencies)
+        return None if result.outcome == "accepted" else (result.reason, result.detail)
+
+    def _share(self, key: str, command: core.PostTransaction, coordinator: int, at_ms: int
+               ) -> core.PostTransaction | tuple[Rejection, str] | None:
+        """This partition's share of one transaction of the batch: its legs here (system legs on the local
+        shards where the transaction's system legs live) and one clearing leg per currency, posted as the
+        transaction's decide step here. None: no leg here. A (reason, detail): a currency not registered."""
+        proc = self.proc
+        legs: list[Leg] = []
+        totals: dict[str, int] = {}
+        system_home = self._home(command, coordinator)
+        for leg, home in zip(command.legs, proc.spanning.plan(command).homes):
+            if routing.is_system(leg.account_id):
+                if system_home != proc.partition:
+                    continue
+                currency = routing.system_currency(leg.account_id)
+                legs.append(Leg(proc.local(leg.account_id), leg.amount, None, leg.currency))
+            else:
+                if home != proc.partition:
+                    continue
+                account = self.state.account(leg.account_id)
+                currency = account.currency if account is not None else \
+                    (leg.currency or routing.system_currency(leg.account_id))
+                legs.append(leg)
+            if proc.currencies.get(currency) is None:
+                return Rejection.UNKNOWN_CURRENCY, f"currency {currency} is not registered"
+            totals[currency] = totals.get(currency, 0) + leg.amount
+        if not legs:
+            return None
+        legs += [Leg(routing.shard_of(names.clearing(c), proc.partition), -n) for c, n in totals.items() if n]
+        step = names.step_id(names.transaction_key(command.client_id, command.command_id), names.DECIDE, proc.partition)
+        return core.PostTransaction(command_id=step, client_id=ENGINE_CLIENT, at_ms=at_ms,
+                                    transaction_id=command.transaction_id, legs=tuple(legs), kind=command.kind,
+                                    reference=command.reference, links=command.links,
+                                    occurred_at_ms=command.occurred_at_ms,
+                                    metadata=settlement.carried(command.metadata))
+
+    def _participants(self, command: core.PostTransaction) -> list[int]:
+        where = self.proc.spanning.plan(command)
+        return list(where.participants) or [self.proc.partition]
+
+    def _home(self, command: core.PostTransaction, coordinator: int) -> int:
+        """Where the transaction would be decided alone (its coordinator, streams/placement.py; the batch's
+        coordinator for one on system accounts only): it keeps the transaction's answer."""
+        where = self.proc.spanning.plan(command)
+        return coordinator if where.coordinator is None else where.coordinator
+
+    # --- the steps as engine commands -------------------------------------------------------------------------
+    def _send(self, key: str, kind: str, partition: int, commands: list[core.PostTransaction], at_ms: int,
+              body: dict) -> None:
+        where = body.get("participant", partition)
+        command_id = names.step_id(key, kind.lower(), where)
+        account = next((leg.account_id for c in commands for leg, home in zip(c.legs, self.proc.spanning.plan(c).homes)
+                        if home == partition and not routing.is_system(leg.account_id)), commands[0].legs[0].account_id)
+        self.proc.send_wire(command_record(ENGINE_CLIENT, command_id, kind, body), routing.routing_key_for(account),
+                            partition, at_ms)
+
+    def handle(self, kind: str, record: dict[str, Any], offset: int, at_ms: int) -> None:
+        proc = self.proc
+        command_id = record["command_id"]
+        if self.state.change_record(ENGINE_CLIENT, command_id) is not None:  # delivered again: done already
+            proc.answer_again(self.state.change_record(ENGINE_CLIENT, command_id))
+            if kind == "DecideLinked":
+                proc.spanning.drain(offset)
+            return
+        proc.expire_due(offset, at_ms)
+        body = record["body"][1]
+        key = names.step_id(names.transaction_key(body["batch_client_id"], body["batch_command_id"]), "linked")
+        if kind == "ReserveLinked":
+            commands = [self._transaction(item, at_ms) for item in body["items"]]
+            vote, records, held = self._reserve(key, commands, body["coordinator_partition"], at_ms, offset)
+            proc.commit_change(ENGINE_CLIENT, command_id, "", offset,
+                               _accepted(command_id, at_ms, "", held.get("holds", ())), records=records, **held)
+            vote = _vote(vote)
+            self._send(key, "VoteLinked", body["coordinator_partition"], commands, at_ms, {
+                "batch_client_id": body["batch_client_id"], "batch_command_id": body["batch_command_id"],
+                "participant": proc.partition, "item": -1 if vote is None else vote[0],
+                "reason": None if vote is None else vote[1], "detail": "" if vote is None else vote[2]})
+        elif kind == "VoteLinked":
+            vote = None if body["reason"] is None else [body["item"], body["reason"], body["detail"]]
+            self._counted(key, command_id, str(body["participant"]), vote, offset, at_ms)
+        else:
+            failure = None if body["commit"] else (body["item"], Rejection.from_code(body["reason"]), body["detail"])
+            self._decide(key, command_id, failure, offset, at_ms)
+
+    def _transaction(self, item: dict, at_ms: int) -> core.PostTransaction:
+        return command_from_wire(command_record(item["client_id"], item["command_id"], "PostTransaction",
+                                                item["transaction"]), at_ms)
+
+    # --- step 3 ----------------------------------------------------------------------------------------------
+    def _counted(self, key: str, command_id: str, participant: str, vote: list | None, offset: int,
+                 at_ms: int) -> None:
+        proc = self.proc
+        stored = self.state.record(_BATCH + key)
+        if stored is None:  # decided already (a vote delivered twice)
+            proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms, "late"))
+            return
+        record = {**stored, "votes": {**stored["votes"], participant: vote}}
+        if len(record["votes"]) < len(record["participants"]):
+            proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
+                               records=[(_BATCH + key, record)])
+            return
+        failure = linked.first_failure(_failure(v) for v in record["votes"].values() if v is not None)
+        commands = [self._transaction({"client_id": c, "command_id": i, "transaction": t}, record["at_ms"])
+                    for (c, i, _), t in zip(record["items"], record["txs"])]
+        body = {"batch_client_id": commands[0].client_id, "batch_command_id": commands[0].command_id,
+                "commit": failure is None, "item": -1 if failure is None else failure[0],
+                "reason": None if failure is None else failure[1].code, "detail": "" if failure is None else failure[2]}
+        for p in record["participants"]:
+            if p != proc.partition:
+                self._send(key, "DecideLinked", p, commands, at_ms, body)
+        decide_id = names.step_id(key, "decidelinked", proc.partition)
+        if self.state.change_record(ENGINE_CLIENT, decide_id) is None:
+            self._decide(key, decide_id, failure, offset, at_ms)
+        for _ in range(record["retries"]):
+            for wire in self._answers(commands, failure, at_ms):
+                proc.emit_result({**wire, "duplicate": True})
+        # The decision stays in the inbox (a retry of the batch is answered from it); the record ends. Both in
+        # the final vote's StateChanges, after the own share's, its own last: a redo completes what a crash cut.
+        decided_id = names.step_id(key, "decided")
+        if self.state.change_record(ENGINE_CLIENT, decided_id) is None:
+            wire = _accepted(decided_id, at_ms) if failure is None else rejection_to_wire(
+                decided_id, ENGINE_CLIENT, at_ms, failure[1], f"item {failure[0]}: {failure[2]}")
+            proc.commit_change(ENGINE_CLIENT, decided_id, _fingerprint(record["items"]), offset, wire)
+        proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
+                           records=[(_BATCH + key, None)])
+
+    def _answers(self, commands: list[core.PostTransaction], failure: linked.Failure | None,
+                 at_ms: int) -> list[dict[str, Any]]:
+        return [result_to_wire(result, at_ms, command.transaction_id if result.accepted else None, [])
+                for command, result in zip(commands, linked.unit_answers(commands, failure))]
+
+    # --- step 4 ----------------------------------------------------------------------------------------------
+    def _decide(self, key: str, command_id: str, failure: linked.Failure | None, offset: int, at_ms: int) -> None:
+        proc, state = self.proc, self.state
+        share = state.record(_SHARE + key)
+        if share is None:  # nothing of the batch here (cannot happen: every participant records its share)
+            proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms, "late"))
+            return
+        commands = [self._transaction({"client_id": c, "command_id": i, "transaction": t}, share["at_ms"])
+                    for c, i, t in share["items"]]
+        for hold_id, account_id, _ in share["holds"]:
+            proc.execute(core.ReleaseHold(command_id=names.step_id(key, "release", account_id),
+                                          client_id=ENGINE_CLIENT, at_ms=at_ms, hold_id=hold_id), offset)
+        if failure is None and share.get("reserved"):
+            for command in commands:
+                posting = self._share(key, command, share["coordinator"], share["at_ms"])
+                if posting is None:
+                    continue
+                assert not isinstance(posting, tuple), posting
+                clearing = [names.clearing(routing.system_currency(leg.account_id)) for leg in posting.legs
+                            if names.is_clearing(leg.account_id)]
+                system = [routing.unsharded(leg.account_id) for leg in posting.legs
+                          if routing.is_system(leg.account_id) and not names.is_clearing(leg.account_id)]
+                proc.open_shards(clearing + system, command, offset)
+                result = proc.execute(posting, offset)
+                assert result.outcome == "accepted", f"a reserved share of a linked batch refused: {result}"
+        answers = self._answers(commands, failure, at_ms)
+        for i in share["homes"]:
+            command = commands[i]
+            stored = state.change_record(command.client_id, command.command_id)
+            if stored is not None:  # decided before (the batch failed on it) or just now, before a crash
+                proc.answer_again(stored)
+                continue
+            proc.commit_change(command.client_id, command.command_id, proc.fingerprint(command), offset, answers[i])
+        records: list[tuple[str, Any]] = [(_SHARE + key, None)]
+        records += [(_ITEM + names.transaction_key(commands[i].client_id, commands[i].command_id), None)
+                    for i in share["homes"]]
+        for account_id in dict.fromkeys([a for _, a, _ in share["holds"]] + [a for a, _ in share["credits"]]):
+            rest = [k for k in (state.record(f"k/{account_id}") or []) if k != key]
+            records.append((f"k/{account_id}", rest or None))
+        for account_id, _ in share["credits"]:
+            rest = {k: v for k, v in (state.record(f"n/{account_id}") or {}).items() if k != key}
+            records.append((f"n/{account_id}", rest or None))
+        proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms), records=records)
+        proc.spanning.drain(offset)

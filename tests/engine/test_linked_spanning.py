@@ -1,0 +1,132 @@
+"""Linked batches across partitions (streams/spanning_linked.py), broker-free through eight partition processors
+(tests/helpers/bus.py): the batch is one unit of the two-phase protocol, all or nothing, judged in batch order in
+each partition, one answer per command."""
+from __future__ import annotations
+
+from streams import routing
+from tests.helpers.bus import Bus, Crash, assert_books_balance
+from tests.helpers.records import N, linked, local_users, open_account, transfer
+
+X1, X2 = local_users(2, partition=0)
+Y1, Y2 = local_users(2, partition=1)
+EVERYONE = (X1, X2, Y1, Y2)
+
+
+def funded() -> Bus:
+    """X1 holds 1,000 in partition 0; X2 (partition 0), Y1 and Y2 (partition 1) are empty."""
+    bus = Bus()
+    for account in EVERYONE:
+        bus.send(open_account(account), account)
+    bus.send(transfer("dep", ("sys:world:USD", -1_000), (X1, 1_000)), X1)
+    bus.run()
+    return bus
+
+
+def balances(bus: Bus) -> dict[str, tuple[int, int]]:
+    return {a: bus.account(a) for a in EVERYONE}
+
+
+def answers(bus: Bus, *ids: str, duplicate: bool = False) -> dict[str, tuple]:
+    return {r["command_id"]: (r["outcome"], r["reason"]) for r in bus.results
+            if r["command_id"] in ids and r["duplicate"] is duplicate}
+
+
+def spending_what_came_first() -> bytes:
+    """X1 pays Y1 600 (partition 0 to 1), then Y1 pays X2 500 of it (1 to 0): the second spends the first's credit."""
+    return linked(transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y1, -500), (X2, 500)))
+
+
+def test_a_batch_across_two_partitions_posts_whole_and_a_later_item_spends_an_earlier_credit():
+    bus = funded()
+    assert routing.partition_of_account(X1, N) == 0 and routing.partition_of_account(Y1, N) == 1
+    bus.send(spending_what_came_first(), X1)
+    bus.run()
+    assert answers(bus, "l1", "l2") == {"l1": ("accepted", None), "l2": ("accepted", None)}
+    assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert {h["transaction_id"] for h in bus.history if h["account_id"] in EVERYONE} >= {"l1", "l2"}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_one_refused_in_another_partition_nothing_moves_anywhere_and_the_answers_name_it():
+    bus = funded()
+    bus.send(linked(transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y2, -50), (X2, 50))), X1)
+    bus.run()
+    assert answers(bus, "l1", "l2") == {"l1": ("rejected", "linked_failed"), "l2": ("rejected", "insufficient_funds")}
+    assert "l2, which was refused insufficient_funds" in bus.result("l1")["detail"]
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
+    assert not [h for h in bus.history if h["transaction_id"] in ("l1", "l2")]
+    assert_books_balance(bus, ("USD",))
+
+
+def test_an_item_cannot_spend_a_credit_a_later_item_makes():
+    """Batch order is the order of judgement: Y1 spending 500 before X1's 600 reaches it is refused."""
+    bus = funded()
+    bus.send(linked(transfer("l2", (Y1, -500), (X2, 500)), transfer("l1", (X1, -600), (Y1, 600))), Y1)
+    bus.run()
+    assert answers(bus, "l1", "l2") == {"l1": ("rejected", "linked_failed"), "l2": ("rejected", "insufficient_funds")}
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_retry_of_the_batch_and_of_each_command_is_answered_as_duplicates():
+    bus = funded()
+    bus.send(spending_what_came_first(), X1)
+    bus.send(spending_what_came_first(), X1)  # while the first is in flight
+    bus.run()
+    bus.send(spending_what_came_first(), X1)  # once decided
+    bus.send(transfer("l2", (Y1, -500), (X2, 500)), Y1)  # one of them alone, at its own partition
+    bus.run()
+    assert answers(bus, "l1", "l2") == {"l1": ("accepted", None), "l2": ("accepted", None)}
+    duplicates = [(r["command_id"], r["outcome"]) for r in bus.results if r["duplicate"] and r["client_id"] == "t"
+                  and r["command_id"] in ("l1", "l2")]
+    assert sorted(duplicates) == [("l1", "accepted")] * 2 + [("l2", "accepted")] * 3
+    assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_refused_batch_is_answered_the_same_on_a_retry():
+    bus = funded()
+    refused = linked(transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y2, -50), (X2, 50)))
+    bus.send(refused, X1)
+    bus.run()
+    bus.send(refused, X1)
+    bus.run()
+    assert answers(bus, "l1", "l2", duplicate=True) == {"l1": ("rejected", "linked_failed"),
+                                                        "l2": ("rejected", "insufficient_funds")}
+    assert balances(bus)[X1] == (1_000, 0)
+
+
+def test_restores_in_the_middle_change_nothing():
+    """Every partition crashes after each step (its state rebuilt from the changelog, once from nothing), and
+    the batch ends as without crashes."""
+    bus = funded()
+    bus.send(spending_what_came_first(), X1)
+    fresh = True
+    while not bus.quiet:
+        for p in range(bus.n):
+            if bus.pending(p):
+                bus.step(p, commit_offset=False)
+                bus.crash_restore(p, fresh_store=fresh)  # the step is delivered again
+                fresh = not fresh
+                if bus.pending(p):
+                    bus.step(p)
+    assert answers(bus, "l1", "l2") == {"l1": ("accepted", None), "l2": ("accepted", None)}
+    assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_while_in_flight_the_money_is_reserved_and_a_command_of_the_batch_sent_alone_waits_its_answer():
+    bus = funded()
+    bus.send(spending_what_came_first(), X1)
+    bus.step(0)  # begun: partition 0 reserved its share (X1's 600 held), ReserveLinked sent to partition 1
+    assert bus.account(X1) == (1_000, 600)
+    bus.send(transfer("l1", (X1, -600), (Y1, 600)), X1)  # l1 alone: part of the batch in flight
+    bus.send(transfer("spend", (X1, -500), (X2, 500)), X1)  # more than X1 has beside what is reserved
+    bus.step(0)
+    bus.step(0)
+    assert [(r["command_id"], r["reason"]) for r in bus.results if r["command_id"] in ("l1", "spend")] == [
+        ("l1", "in_flight"), ("spend", "insufficient_funds")]
+    bus.run()
+    assert answers(bus, "l1", "l2")["l1"] == ("accepted", None)
+    assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
