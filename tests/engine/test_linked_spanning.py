@@ -3,8 +3,13 @@
 each partition, one answer per command."""
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from streams import routing
-from tests.helpers.bus import Bus, Crash, assert_books_balance
+from tests.helpers.bus import C, Bus, assert_books_balance
+from tests.helpers.interleavings import CHAOS, checked_bus, send
 from tests.helpers.records import N, linked, local_users, open_account, transfer
 
 X1, X2 = local_users(2, partition=0)
@@ -130,3 +135,60 @@ def test_while_in_flight_the_money_is_reserved_and_a_command_of_the_batch_sent_a
     assert answers(bus, "l1", "l2")["l1"] == ("accepted", None)
     assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
     assert_books_balance(bus, ("USD",))
+
+
+# --- many batches in flight, delivered in random orders with crashes ---------------------------------------------
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("changelog_cuts", ["between_records", "anywhere", "transaction"])
+def test_linked_batches_across_partitions_keep_every_promise_through_crashes(seed, changelog_cuts):
+    """Linked batches of transfers among accounts of three partitions (with fees to a system account, some
+    unfundable, some sent again), amid single transfers, while the bus delivers in a random order with crashes
+    and restarts: every promise's oracle holds after every step and once quiet, and each batch is all or
+    nothing, every command of it answered once."""
+    rng = random.Random(seed)
+    bus, oracles = checked_bus(changelog_cuts=changelog_cuts)
+    accounts = [a for p in range(3) for a in local_users(2, partition=p)]
+    for account in accounts:
+        send(bus, oracles, open_account(account), account)
+    for account in accounts:
+        send(bus, oracles, transfer(f"dep:{account}", ("sys:world:USD", -500), (account, 500)), account)
+    bus.run()
+    batches: list[list[str]] = []
+    sent: list[tuple[bytes, str]] = []
+    for n in range(12):
+        if sent and rng.random() < 0.2:
+            value, account = rng.choice(sent)  # a retry
+        elif rng.random() < 0.25:
+            payer, payee = rng.sample(accounts, 2)
+            value, account = transfer(f"single-{n}", (payer, -100), (payee, 100)), payer
+        else:
+            items, ids = [], []
+            for i in range(rng.randint(1, 3)):
+                payer, payee = rng.sample(accounts, 2)
+                amount = rng.choice((50, 200, 450, 900))
+                legs = [(payer, -amount), (payee, amount - 5), ("sys:fees:USD", 5)] if rng.random() < 0.3 else \
+                    [(payer, -amount), (payee, amount)]
+                ids.append(f"b{n}-{i}")
+                items.append(transfer(ids[-1], *legs))
+            for item in items:
+                oracles.sent_command(item)
+            batches.append(ids)
+            first_payer = C.decode("command", items[0])["body"][1]["legs"][0]["account_id"]
+            value, account = linked(*items), first_payer
+            sent.append((value, account))
+            bus.send(value, account)
+            for _ in range(rng.choice((0, 1, 2))):
+                bus.tick(rng, **CHAOS)
+                oracles.check_step()
+            continue
+        if C.is_a("command", value):
+            oracles.sent_command(value)
+        sent.append((value, account))
+        bus.send(value, account)
+    bus.run_random(rng, oracles.check_step, **CHAOS)
+    oracles.check_quiet()
+    for ids in batches:
+        first = [bus.result(i) for i in ids]
+        assert len({r["outcome"] for r in first}) == 1, f"not all or nothing: {first}"
+        failed = [r for r in first if r["reason"] not in (None, "linked_failed")]
+        assert first[0]["outcome"] == "accepted" or len(failed) == 1, first
