@@ -82,6 +82,16 @@ def _jsonable(value: Any) -> Any:
 LATE_DETAIL = "a hold it captures had ended: settled late"
 
 
+def _in_flight_on(returned: returns.Returned | None) -> tuple[str, ...]:
+    """The payments a reserved share of a return holds in flight (returning_key): in the payee's partition,
+    which judges what remains unreturned first. The payer's share (its payee is the clearing shard) holds
+    none: it never refuses what the payee's partition let through, so returns that partitions see in
+    different orders (sent by two producers) do not each refuse the other."""
+    if returned is None or names.is_clearing(returned.payee):
+        return ()
+    return returned.counted
+
+
 def _accepted(command_id: str, at_ms: int, detail: str = "", holds: list[core.Hold] = ()) -> dict[str, Any]:
     """An engine step's result. holds: the internal holds it placed (a reservation), as every result names the
     holds its decision created, so readers of results (the read store, P5's oracle) know them."""
@@ -453,7 +463,7 @@ class Spanning:
         for account_id, amount in credits.items():
             current = state.record(f"n/{account_id}") or {}
             records.append((f"n/{account_id}", {**current, key: amount}))
-        for transaction_id in returned.counted if returned is not None else ():
+        for transaction_id in _in_flight_on(returned):
             records.append((returning_key(transaction_id),
                             {**(state.record(returning_key(transaction_id)) or {}), key: returned.amount}))
         system = [proc.local(leg.account_id) for leg in tx.legs if routing.is_system(leg.account_id)] \
@@ -879,7 +889,7 @@ class Spanning:
         for account_id, _ in reservation.credits:
             rest = {k: v for k, v in (state.record(f"n/{account_id}") or {}).items() if k != key}
             records.append((f"n/{account_id}", rest or None))
-        for transaction_id in reservation.returned.counted if reservation.returned is not None else ():
+        for transaction_id in _in_flight_on(reservation.returned):
             rest = {k: v for k, v in (state.record(returning_key(transaction_id)) or {}).items() if k != key}
             records.append((returning_key(transaction_id), rest or None))
         for account_id in reservation.accounts + self._system_shards(key, reservation):

@@ -146,6 +146,29 @@ def test_two_returns_in_flight_together_cannot_both_pass_the_unreturned_check():
     assert_books_balance(bus, ("USD",))
 
 
+def test_two_returns_the_partitions_see_in_opposite_orders_do_not_refuse_each_other():
+    """Two producers place a return of 60.00 each (in both partitions); B's partition gets ret-a first, A's
+    partition ret-b's copy first. The payee's partition alone holds the payment's returns in flight, so
+    ret-a passes and ret-b is refused there; had the payer's partition held them too, each would have been
+    refused by one partition and neither would pass."""
+    from schemas.codec import codec
+    from streams import placement
+
+    bus = paid_and_spent(spent=0)
+    placed = {}
+    for return_id in ("ret-a", "ret-b"):
+        record, partitions = placement.placements(codec().decode("command", a_return(return_id, "pay", 60_00)), B, N)
+        assert partitions == [B_P, A_P]
+        placed[return_id] = codec().encode("command", record)
+    key = routing.routing_key_for(B).encode()
+    for partition, return_id in ((B_P, "ret-a"), (B_P, "ret-b"), (A_P, "ret-b"), (A_P, "ret-a")):
+        bus.send_to(partition, placed[return_id], key=key)
+    bus.run()
+    assert answers(bus, "ret-a", "ret-b") == [("accepted", None), ("rejected", "exceeds_unreturned")]
+    assert (bus.account(A), bus.account(B)) == ((60_00, 0), (40_00, 0))
+    assert_books_balance(bus, ("USD",))
+
+
 def test_a_return_refused_by_the_payers_partition_releases_what_it_reserved_against_the_payment():
     """A's cap refuses the credit: the return is refused, B's hold and the 100.00 it counted in flight are
     released, and a return of all of it passes once A has room."""
@@ -200,4 +223,35 @@ def test_a_crash_anywhere_in_the_decision_of_a_return_loses_and_doubles_nothing(
     assert {(r["outcome"], r["reason"]) for r in answered} == {("accepted", None)}
     assert (bus.account(A), bus.account(B), bus.account(B_RECEIVABLE)) == ((100_00, 0), (0, 0), (-30_00, 0))
     assert share(bus, B_P, "pay").returned == share(bus, A_P, "pay").returned == 100_00
+    assert_books_balance(bus, ("USD",))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_returns_placed_as_the_client_places_them_race_through_crashes_and_keep_every_promise(seed):
+    """Two returns of 60.00 of the same payment, sent as LedgerClient sends them (to both partitions), and
+    delivered in a seeded random order with crashes and restores, the oracles checked after every step:
+    exactly one passes."""
+    from tests.helpers.interleavings import checked_bus, finish
+
+    bus, oracles = checked_bus()
+    for value, account in ((open_account(A), A), (open_account(B), B),
+                           (tx("dep", [("sys:world:USD", -100_00, None, None), (A, 100_00, None, None)],
+                               kind="deposit"), A)):
+        oracles.sent_command(value)
+        bus.send(value, account)
+    bus.run()
+    for value, account in ((tx("pay", [(A, -100_00, None, None), (B, 100_00, None, None)], kind="transfer"), A),
+                           (tx("spend", [(B, -50_00, None, None), ("sys:world:USD", 50_00, None, None)],
+                               kind="withdrawal"), B)):
+        oracles.sent_command(value)
+        bus.send_placed(value, account)
+        bus.run()
+    for return_id in ("ret-a", "ret-b"):
+        value = a_return(return_id, "pay", 60_00)
+        oracles.sent_command(value)
+        bus.send_placed(value, B)
+    finish(bus, oracles, seed)
+    assert sorted(answers(bus, "ret-a", "ret-b")) == [("accepted", None), ("rejected", "exceeds_unreturned")]
+    assert (bus.account(A), bus.account(B), bus.account(B_RECEIVABLE)) == ((60_00, 0), (0, 0), (-10_00, 0))
+    assert share(bus, B_P, "pay").returned == share(bus, A_P, "pay").returned == 60_00
     assert_books_balance(bus, ("USD",))
