@@ -126,10 +126,9 @@ class Linking:
             self._across(offset, commands, routes)
             return
         for index, command in commands:
-            if proc.linked_spanning.in_flight(command):  # of a batch across partitions not yet decided
+            if proc.linked_spanning.in_flight(command):  # a retry: answered when its linked batch is decided
                 proc.position = f"{offset}.{index}"
-                proc.reject(command.command_id, command.client_id, command.at_ms, Rejection.IN_FLIGHT,
-                            "part of a linked batch in flight; it is answered when that batch is decided")
+                proc.linked_spanning.retry(command, offset)
                 self._refuse_others(offset, commands, command, linked.waiting_on(command.command_id))
                 return
         credited: dict[str, int] = {}  # what the batch's earlier commands credit, per account

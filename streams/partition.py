@@ -662,9 +662,8 @@ class PartitionProcessor:
             return
         if not seen_checked and self._answer_if_seen(command):
             return
-        if self.linked_spanning.in_flight(command):  # answered when its linked batch is decided
-            self.reject(command.command_id, command.client_id, command.at_ms, Rejection.IN_FLIGHT,
-                        "part of a linked batch in flight; it is answered when the batch is decided")
+        if self.linked_spanning.in_flight(command):  # a retry: answered when its linked batch is decided
+            self.linked_spanning.retry(command, offset)
             return
         if self.spanning.under_way(command):  # a retry of a transaction in flight: answered when decided
             self._route_and_execute(command, offset)

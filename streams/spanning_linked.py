@@ -1,7 +1,7 @@
 """A linked batch whose transactions live in several partitions: one unit of the two-phase protocol.
 
 The rules are the core's (streams/core/linked.py: first_refused, exposure, first_failure, unit_answers); this
-shell routes the steps, loads and persists. The batch is keyed by its first command, K = ``<client>/<id>~linked``,
+shell routes the steps, loads and persists. The batch is keyed by its first command, K = ``<client>/<id>~linked~<digest of every command's id>``,
 and coordinated in the partition it was sent to (streams/linking.py hands it over there).
 
 1. begin (coordinator): the judgements of each transaction as a whole that need no partition's state of
@@ -54,8 +54,12 @@ _SHARE = "q/"  # a participant's record of its share: q/<K>
 _ITEM = "li/"  # a transaction of a batch in flight, at its home: li/<client>/<id> -> K
 
 
-def batch_key(first: core.Command) -> str:
-    return names.step_id(names.transaction_key(first.client_id, first.command_id), "linked")
+def batch_name(commands: list[core.Command]) -> str:
+    """The batch's name among its client's ids: its first command's id, marked, and a digest of every command's
+    client and id, so another batch that begins with the same command is another batch (the command in it is
+    then a retry of the one in flight), and the same batch sent again is the same."""
+    digest = hashlib.sha256(json.dumps([[c.client_id, c.command_id] for c in commands]).encode()).hexdigest()[:16]
+    return names.step_id(commands[0].command_id, "linked", digest)
 
 
 def _accepted(command_id: str, at_ms: int, detail: str = "", holds: list[core.Hold] = ()) -> dict[str, Any]:
@@ -121,16 +125,39 @@ class LinkedSpanning:
         return None
 
     def in_flight(self, command: core.Command) -> bool:
-        """A transaction of a linked batch in flight whose home is this partition: answered once the batch is
-        decided, so it is refused (in_flight, not remembered) if sent meanwhile."""
+        """A transaction of a linked batch in flight whose home is this partition (see retry)."""
         return self.state.record(_ITEM + names.transaction_key(command.client_id, command.command_id)) is not None
+
+    def retry(self, command: core.Command, offset: int) -> None:
+        """A command of a linked batch in flight sent again to its home, alone or in another batch: answered
+        with its answer in the batch, as a duplicate, when the batch is decided here (as a retry of a
+        transaction in flight is); another payload under its id is id_conflict."""
+        proc = self.proc
+        key = self.state.record(_ITEM + names.transaction_key(command.client_id, command.command_id))
+        share = self.state.record(_SHARE + key)
+        index = next(i for i in share["homes"] if share["items"][i][:2] == [command.client_id, command.command_id])
+        client_id, command_id, wire = share["items"][index]
+        sent = self._transaction({"client_id": client_id, "command_id": command_id, "transaction": wire},
+                                 share["at_ms"])
+        if proc.fingerprint(sent) != proc.fingerprint(command):
+            proc.reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
+                        f"command {command.command_id} of {command.client_id} was already used with another payload")
+            return
+        retry_id = names.step_id(key, "retry", f"{proc.partition}:{proc.position}")
+        if self.state.change_record(ENGINE_CLIENT, retry_id) is not None:
+            return  # this same retry redone after a crash: counted once
+        retries = dict(share.get("retries", {}))
+        retries[str(index)] = retries.get(str(index), 0) + 1
+        proc.commit_change(ENGINE_CLIENT, retry_id, "", offset,
+                           _accepted(retry_id, command.at_ms, "answered when its linked batch is decided"),
+                           records=[(_SHARE + key, {**share, "retries": retries})])
 
     # --- step 1 ----------------------------------------------------------------------------------------------
     def begin(self, offset: int, commands: list[core.PostTransaction], refusals: list[tuple[Rejection, str] | None],
               at_ms: int) -> None:
         """refusals: per command, the engine's refusal of it on its route (None: none)."""
         proc = self.proc
-        key = batch_key(commands[0])
+        key = names.transaction_key(commands[0].client_id, batch_name(commands))
         items = [[c.client_id, c.command_id, proc.fingerprint(c)] for c in commands]
         stored = self.state.record(_BATCH + key)
         decided = self.state.change_record(ENGINE_CLIENT, names.step_id(key, "decided"))
@@ -145,7 +172,7 @@ class LinkedSpanning:
             failures += [(index, reason, detail) for reason, detail in found]
         wires = [command_to_wire(c)["body"][1] for c in commands]
         participants = sorted({p for c in commands for p in self._participants(c)} | {proc.partition})
-        body = {"batch_client_id": commands[0].client_id, "batch_command_id": commands[0].command_id,
+        body = {"batch_client_id": commands[0].client_id, "batch_command_id": batch_name(commands),
                 "coordinator_partition": proc.partition,
                 "items": [{"client_id": c.client_id, "command_id": c.command_id, "transaction": w}
                           for c, w in zip(commands, wires)]}
@@ -192,18 +219,30 @@ class LinkedSpanning:
         first failure, the engine records to write, the internal holds' writes for commit_change)."""
         proc, state = self.proc, self.state
         failures: list[linked.Failure] = []
-        homes = [i for i, c in enumerate(commands) if self._home(c, coordinator) == proc.partition]
-        for i in homes:
-            command = commands[i]
+        # The transactions whose answer this partition keeps. One decided before keeps its answer and fails the
+        # batch; one in flight here (in another linked batch, or alone across partitions) is a retry of it,
+        # answered by that decision, and fails the batch: its answer is not this batch's to record.
+        homes: list[int] = []
+        for i, command in enumerate(commands):
+            if self._home(command, coordinator) != proc.partition:
+                continue
             stored = state.change_record(command.client_id, command.command_id)
             if stored is not None:
+                homes.append(i)
                 wire = proc.codec.decode("result", stored["result"])
                 reason = Rejection.from_code(wire["reason"]) if wire["outcome"] == "rejected" else \
                     Rejection.LINKED_SPANS_PARTITIONS
                 failures.append((i, reason, f"{command.command_id} was decided before: a linked batch across "
                                             f"partitions takes commands not decided yet"))
             elif self.in_flight(command) or proc.spanning.under_way(command):
-                failures.append((i, Rejection.IN_FLIGHT, f"{command.command_id} is in flight already"))
+                if self.in_flight(command):
+                    self.retry(command, offset)
+                else:
+                    proc.spanning.begin(command, offset)
+                failures.append((i, Rejection.IN_FLIGHT, f"{command.command_id} is in flight: it is answered when "
+                                                         f"that is decided"))
+            else:
+                homes.append(i)
         shares: list[tuple[int, core.PostTransaction]] = []
         for i, command in enumerate(commands):
             share = self._share(key, command, coordinator, at_ms)
@@ -212,7 +251,8 @@ class LinkedSpanning:
                 break
             if share is not None:
                 shares.append((i, share))
-        marks = [(_ITEM + names.transaction_key(commands[i].client_id, commands[i].command_id), key) for i in homes]
+        marks = [(_ITEM + names.transaction_key(commands[i].client_id, commands[i].command_id), key) for i in homes
+                 if state.change_record(commands[i].client_id, commands[i].command_id) is None]
         record = {"coordinator": coordinator, "at_ms": at_ms, "homes": homes, "holds": [], "credits": [],
                   "items": [[c.client_id, c.command_id, command_to_wire(c)["body"][1]] for c in commands]}
         failure = linked.first_failure(failures)
@@ -344,7 +384,7 @@ class LinkedSpanning:
             return
         proc.expire_due(offset, at_ms)
         body = record["body"][1]
-        key = names.step_id(names.transaction_key(body["batch_client_id"], body["batch_command_id"]), "linked")
+        key = names.transaction_key(body["batch_client_id"], body["batch_command_id"])
         if kind == "ReserveLinked":
             commands = [self._transaction(item, at_ms) for item in body["items"]]
             vote, records, held = self._reserve(key, commands, body["coordinator_partition"], at_ms, offset)
@@ -382,7 +422,7 @@ class LinkedSpanning:
         failure = linked.first_failure(_failure(v) for v in record["votes"].values() if v is not None)
         commands = [self._transaction({"client_id": c, "command_id": i, "transaction": t}, record["at_ms"])
                     for (c, i, _), t in zip(record["items"], record["txs"])]
-        body = {"batch_client_id": commands[0].client_id, "batch_command_id": commands[0].command_id,
+        body = {"batch_client_id": commands[0].client_id, "batch_command_id": batch_name(commands),
                 "commit": failure is None, "item": -1 if failure is None else failure[0],
                 "reason": None if failure is None else failure[1].code, "detail": "" if failure is None else failure[2]}
         for p in record["participants"]:
@@ -435,16 +475,22 @@ class LinkedSpanning:
                 result = proc.execute(posting, offset)
                 assert result.outcome == "accepted", f"a reserved share of a linked batch refused: {result}"
         answers = self._answers(commands, failure, at_ms)
+        retries = share.get("retries", {})
         for i in share["homes"]:
             command = commands[i]
             stored = state.change_record(command.client_id, command.command_id)
             if stored is not None:  # decided before (the batch failed on it) or just now, before a crash
                 proc.answer_again(stored)
-                continue
-            proc.commit_change(command.client_id, command.command_id, proc.fingerprint(command), offset, answers[i])
+                answer = proc.codec.decode("result", stored["result"])
+            else:
+                answer = answers[i]
+                proc.commit_change(command.client_id, command.command_id, proc.fingerprint(command), offset, answer)
+            for _ in range(retries.get(str(i), 0)):
+                proc.emit_result({**answer, "duplicate": True})
         records: list[tuple[str, Any]] = [(_SHARE + key, None)]
         records += [(_ITEM + names.transaction_key(commands[i].client_id, commands[i].command_id), None)
-                    for i in share["homes"]]
+                    for i in share["homes"] if self.state.record(_ITEM + names.transaction_key(
+                        commands[i].client_id, commands[i].command_id)) == key]
         for account_id in dict.fromkeys([a for _, a, _ in share["holds"]] + [a for a, _ in share["credits"]]):
             rest = [k for k in (state.record(f"k/{account_id}") or []) if k != key]
             records.append((f"k/{account_id}", rest or None))
