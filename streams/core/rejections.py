@@ -114,8 +114,9 @@ class Rejection(enum.IntEnum):
     # A command of a linked batch (streams/core/linked.py) that was not decided because another command of the
     # batch was refused: all or nothing. The detail names the refused command and its reason.
     LINKED_FAILED = 39
-    # A linked batch whose commands live in more than one partition: linked commands are decided within one
-    # partition only (docs/wallet-operations.md). Numbered after 40, which was taken.
+    # A linked batch that touches more than one partition and cannot be one unit of the two-phase protocol
+    # (streams/spanning_linked.py): a command other than a transaction, a capture, a return, an id twice, a
+    # transaction decided before (docs/wallet-operations.md). Numbered after 40, which was taken.
     LINKED_SPANS_PARTITIONS = 41
 
     @property
