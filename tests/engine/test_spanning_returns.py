@@ -255,3 +255,41 @@ def test_returns_placed_as_the_client_places_them_race_through_crashes_and_keep_
     assert (bus.account(A), bus.account(B), bus.account(B_RECEIVABLE)) == ((60_00, 0), (0, 0), (-10_00, 0))
     assert share(bus, B_P, "pay").returned == share(bus, A_P, "pay").returned == 60_00
     assert_books_balance(bus, ("USD",))
+
+
+def _decided_return(payer: str, payee: str, spent: int, earlier: int, amount: int, frozen: bool):
+    """The answer to a return of `amount` of a 100.00 payment payer -> payee, after the payee spent `spent`,
+    `earlier` was returned already and the payee was frozen or not; then the payer's, the payee's and the
+    payee's receivable's balances (None: never opened)."""
+    bus = Bus()
+    for account in (payer, payee):
+        bus.send(open_account(account), account)
+    bus.send(tx("dep", [("sys:world:USD", -100_00, None, None), (payer, 100_00, None, None)], kind="deposit"), payer)
+    bus.run()
+    bus.send(tx("pay", [(payer, -100_00, None, None), (payee, 100_00, None, None)]), payer)
+    bus.run()
+    if spent:
+        bus.send(tx("spend", [(payee, -spent, None, None), ("sys:world:USD", spent, None, None)]), payee)
+    if earlier:
+        bus.send(a_return("earlier", "pay", earlier, payee=payee, payer=payer), payee)
+    if frozen:
+        bus.send(command("freeze", "FreezeAccount", {"account_id": payee}), payee)
+    bus.run()
+    bus.send(a_return("ret", "pay", amount, payee=payee, payer=payer), payee)
+    bus.run()
+    receivable = bus.procs[routing.partition_of_account(payee, N)].state.account(
+        f"{routing.routing_key_for(payee)}:receivable.USD")
+    assert_books_balance(bus, ("USD",))
+    return (answers(bus, "ret")[0], bus.account(payer)[0], bus.account(payee)[0],
+            None if receivable is None else receivable.posted)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("earlier", [0, 40_00])
+@pytest.mark.parametrize("spent", [0, 30_00, 100_00])
+def test_a_return_across_partitions_is_decided_as_in_one_partition(spent, earlier, frozen):
+    """The same story with payer and payee in one partition, then in two: one answer, the same balances."""
+    one = _decided_return(*local_users(2, partition=0), spent, earlier, 70_00, frozen)
+    assert _decided_return(A, B, spent, earlier, 70_00, frozen) == one
+    assert one[0] == (("rejected", "exceeds_unreturned") if earlier else
+                      ("rejected", "account_frozen") if frozen and spent < 100_00 else ("accepted", None))
