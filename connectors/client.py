@@ -400,7 +400,8 @@ class LedgerClient:
                        steps: Sequence[str] = ()) -> str:
         """Return (kind "return", a bank's returned deposit) or charge back (kind "chargeback") amount_minor of
         the payment `returns`, from its payee back to its payer, linked to it. Decided where the payment was
-        (routed by its customer account); refused unknown_transaction, client_mismatch, already_reversed,
+        (routed by its customer account; a payment between customers of two partitions is returned through
+        both, each judging its share of it); refused unknown_transaction, client_mismatch, already_reversed,
         not_returnable or exceeds_unreturned (more than what remains unreturned). What the payee has spent
         is taken from its receivable (streams/core/returns.py, docs/wallet-operations.md). steps: the other
         transactions of a payment made in steps (a deposit initiated and fronted, `returns` naming its
