@@ -11,7 +11,9 @@ shell supplies what the engine knows, in the order a single command meets it (st
    answered here, and the others are refused linked_spans_partitions. A retry of a transaction under way is
    answered when that transaction is decided (as alone), and the others are refused linked_failed.
 4. Where each command is decided (PartitionProcessor.route). A batch touching any partition but this one
-   is refused linked_spans_partitions, every command.
+   is one unit of the two-phase protocol coordinated here if it can be (streams/spanning_linked.py: its
+   transactions), else refused linked_spans_partitions, every command. A command of such a batch in flight
+   here is a retry of it, answered when that batch is decided; the others are refused linked_failed.
 5. Per command, in order, the engine's judgements outside the core: a routing refusal; a capture of a hold
    a transaction in flight has locked part of (in_flight: the lock checks judge one command, and two
    captures of the batch could take the locked part together); contention with transactions in flight

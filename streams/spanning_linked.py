@@ -29,7 +29,8 @@ and coordinated in the partition it was sent to (streams/linking.py hands it ove
    running sum available, a freeze or close waits meanwhile, and credits to a capped account wait.
 
 A retry of the whole batch at the coordinator is answered when the batch is decided (in flight) or from
-``b/K`` (decided), as duplicates. Every step's state is written in its own StateChange with its inbox entry
+the decision's inbox entry ``K~decided`` (afterwards), as duplicates; a retry of one of its commands at its
+home is counted in ``q/K`` and answered when the batch is decided there. Every step's state is written in its own StateChange with its inbox entry
 written last, and every write of a step is named after K, so a step delivered again or redone after a crash
 changes nothing twice.
 """
@@ -191,15 +192,14 @@ class LinkedSpanning:
 
     def _again(self, key: str, stored: dict | None, decided: dict | None, items: list,
                commands: list[core.PostTransaction], offset: int, at_ms: int) -> None:
-        """The batch under a key already begun: a retry (answered when decided, or now from the decision), or
-        another batch under its first command's id (refused, not remembered)."""
+        """The batch under a name already begun: a retry (answered when decided, or now from the decision), or
+        its commands' ids under other payloads (id_conflict, not remembered)."""
         proc = self.proc
         if (stored["items"] if stored is not None else decided["fingerprint"]) != \
                 (items if stored is not None else _fingerprint(items)):
             for command in commands:
                 proc.reject(command.command_id, command.client_id, at_ms, Rejection.ID_CONFLICT,
-                            f"linked with {commands[0].command_id}, whose id a linked batch of other commands "
-                            f"was sent under")
+                            f"a linked batch of these command ids was sent before with other payloads")
             return
         if decided is not None:
             wire = proc.codec.decode("result", decided["result"])
@@ -278,32 +278,35 @@ class LinkedSpanning:
                 first_touch.setdefault(account_id, index)
         held: dict[str, Any] = {"accounts": [], "holds": [], "history": ()}
         records: list[tuple[str, Any]] = list(marks)
+        placed, credited, failures = [], [], []
         for account_id, (take, add) in linked.exposure(ordinary).items():
             if take:
                 hold = core.PlaceHold(command_id=names.step_id(key, "hold", account_id), client_id=ENGINE_CLIENT,
                                       at_ms=at_ms, hold_id=names.internal_hold(key, account_id),
                                       account_id=account_id, amount=take)
+                # One hold per account, so no hold's decision reads an account another one changed (unstaged).
                 result, changes = core.execute(state, hold, proc.currencies)
                 if not result.accepted:
-                    return (first_touch[account_id], result.reason, result.detail), records[:len(marks)] + [
-                        (_SHARE + key, record)], {}
+                    failures.append((first_touch[account_id], result.reason, result.detail))
+                    continue
                 held["accounts"] += list(changes.accounts.values())
                 held["holds"] += list(changes.holds.values())
                 held["history"] += changes.history
-                record["holds"].append([hold.hold_id, account_id, take])
+                placed.append([hold.hold_id, account_id, take])
             if add:
                 reserved = state.record(f"n/{account_id}") or {}
                 if reserved:  # on top of the credits other transactions in flight count on (their caps)
                     failure = self._credit_fits(key, commands[first_touch[account_id]], account_id,
                                                 add + sum(reserved.values()), at_ms, offset)
                     if failure is not None:
-                        return (first_touch[account_id], *failure), records[:len(marks)] + [
-                            (_SHARE + key, record)], {}
+                        failures.append((first_touch[account_id], *failure))
+                        continue
                 records.append((f"n/{account_id}", {**reserved, key: add}))
-                record["credits"].append([account_id, add])
+                credited.append([account_id, add])
             records.append((f"k/{account_id}", [*(state.record(f"k/{account_id}") or []), key]))
-        record["reserved"] = True
-        records.append((_SHARE + key, record))
+        if failures:  # nothing is staged: the holds' changes and these records are dropped
+            return linked.first_failure(failures), [*marks, (_SHARE + key, record)], {}
+        records.append((_SHARE + key, {**record, "holds": placed, "credits": credited, "reserved": True}))
         return None, records, held
 
     def _credit_fits(self, key: str, command: core.PostTransaction, account_id: str, total: int, at_ms: int,
@@ -472,8 +475,16 @@ class LinkedSpanning:
                 system = [routing.unsharded(leg.account_id) for leg in posting.legs
                           if routing.is_system(leg.account_id) and not names.is_clearing(leg.account_id)]
                 proc.open_shards(clearing + system, command, offset)
-                result = proc.execute(posting, offset)
+                # As a transaction across partitions posts its share: the record keeps the client's (so only it
+                # may reverse or return it), posted by the engine's decide step.
+                fingerprint = proc.fingerprint(posting)
+                result, changes = core.execute_share(proc.state, posting, command.client_id, proc.currencies,
+                                                     None, fingerprint)
                 assert result.outcome == "accepted", f"a reserved share of a linked batch refused: {result}"
+                if changes.processed is None:  # posted already (answered from the inbox)
+                    proc.emit_result(result_to_wire(result, posting.at_ms, None, []))
+                    continue
+                proc.record_decision(posting, result, changes, offset, fingerprint)
         answers = self._answers(commands, failure, at_ms)
         retries = share.get("retries", {})
         for i in share["homes"]:
