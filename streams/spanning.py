@@ -441,7 +441,7 @@ class Spanning:
         failures += refusals
         if not failures:
             budget = self._over_budget(key, list(plain) + [a for a, _ in locks.values()] + list(credits), locks,
-                                       credits)
+                                       credits, {paid: returned.amount for paid in _in_flight_on(returned)})
             failures = [] if budget is None else [budget]
         if failures:
             return _most_urgent(failures), [], {}
@@ -749,9 +749,10 @@ class Spanning:
         return False
 
     def _over_budget(self, key: str, accounts: list[str], locks: dict[str, list],
-                     credits: dict[str, int]) -> tuple[Rejection, str] | None:
-        """The in-flight records a reservation rewrites (one list per account, one map per locked hold or
-        credited account) grow
+                     credits: dict[str, int],
+                     returning: dict[str, int] | None = None) -> tuple[Rejection, str] | None:
+        """The in-flight records a reservation rewrites (one list per account, one map per locked hold,
+        credited account or payment a return holds in flight: returning) grow
         with the transactions in flight on them; past limits.IN_FLIGHT_RECORD_BYTES in total the reservation
         fails `in_flight` (retry once some are decided), so no redo record outgrows what Kafka accepts."""
         state, total = self.state, 0
@@ -761,6 +762,8 @@ class Spanning:
             total += len(json.dumps({**(state.record(f"l/{hold_id}") or {}), key: amount}))
         for account_id, amount in credits.items():
             total += len(json.dumps({**(state.record(f"n/{account_id}") or {}), key: amount}))
+        for paid, amount in (returning or {}).items():
+            total += len(json.dumps({**(state.record(returning_key(paid)) or {}), key: amount}))
         if total > limits.IN_FLIGHT_RECORD_BYTES:
             return (Rejection.IN_FLIGHT, f"too many transactions in flight on these accounts ({total} bytes of "
                                          f"in-flight records, the limit is {limits.IN_FLIGHT_RECORD_BYTES})")
