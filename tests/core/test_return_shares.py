@@ -47,8 +47,9 @@ def test_returns_in_flight_count_against_what_remains_unreturned():
     state = payee_partition()
     assert judged(state, in_flight=40_00) == Returned(CLEARING, "user:bo:USD", 60_00, ("pay",))
     refused = judged(state, in_flight=40_01)
-    assert refused == (Rejection.EXCEEDS_UNRETURNED, "return of 6000 exceeds the 5999 unreturned of pay "
-                                                     "(4001 of 10000 returned already, 4001 of it by returns in flight)")
+    assert refused == (Rejection.EXCEEDS_UNRETURNED,
+                       "return of 6000 exceeds the 5999 unreturned of pay "
+                       "(4001 of 10000 returned already, 4001 of it by returns in flight)")
 
 
 def test_a_return_share_counts_the_return_on_the_payment_share_and_says_what_it_returns():
