@@ -170,6 +170,10 @@ class LinkedSpanning:
             found = [refusals[index]] if refusals[index] is not None else []
             found += core.transaction_shape_failures(command) or proc.spanning._whole(command)
             found += [r for r in [proc.spanning.refusal(command)] if r is not None]
+            if not found and proc.spanning.waits(command):  # as in one partition: a batch cannot wait whole
+                found.append((Rejection.IN_FLIGHT, "it would wait for a transaction in flight, and a linked batch "
+                                                   "is decided at once or not at all; send it again once that is "
+                                                   "decided"))
             failures += [(index, reason, detail) for reason, detail in found]
         wires = [command_to_wire(c)["body"][1] for c in commands]
         participants = sorted({p for c in commands for p in self._participants(c)} | {proc.partition})
