@@ -53,6 +53,9 @@ LINKED_STEP_KINDS = frozenset({"ReserveLinked", "VoteLinked", "DecideLinked"})
 _BATCH = "b/"  # the coordinator's record of a batch: b/<K>
 _SHARE = "q/"  # a participant's record of its share: q/<K>
 _ITEM = "li/"  # a transaction of a batch in flight, at its home: li/<client>/<id> -> K
+# Ends the detail of a vote refusing a transaction whose answer is not the batch's to give (decided before, or in
+# flight alone or in another batch): its home answers it by that decision, and a retry of the batch leaves it out.
+ANSWERED_ELSEWHERE = "; it keeps the answer of its own decision"
 
 
 def batch_name(commands: list[core.Command]) -> str:
@@ -87,7 +90,14 @@ def _failure(vote: list | None) -> linked.Failure | None:
 
 
 def _vote(failure: linked.Failure | None) -> list | None:
-    return None if failure is None else [failure[0], failure[1].code, failure[2][:256]]
+    """A failure as a vote (index, reason code, detail clipped to 256 characters, keeping ANSWERED_ELSEWHERE)."""
+    if failure is None:
+        return None
+    detail = failure[2]
+    if len(detail) > 256:
+        tail = ANSWERED_ELSEWHERE if detail.endswith(ANSWERED_ELSEWHERE) else ""
+        detail = detail[:256 - len(tail)] + tail
+    return [failure[0], failure[1].code, detail]
 
 
 class LinkedSpanning:
@@ -207,8 +217,8 @@ class LinkedSpanning:
             return
         if decided is not None:
             wire = proc.codec.decode("result", decided["result"])
-            for answer in self._answers(commands, _decision(wire), wire["at_ms"]):
-                proc.emit_result({**answer, "duplicate": True})
+            for answer in self._retried(commands, _decision(wire), wire["at_ms"]):
+                proc.emit_result(answer)
             return
         retry_id = names.step_id(key, "retry", proc.position)
         if self.state.change_record(ENGINE_CLIENT, retry_id) is not None:
@@ -237,14 +247,13 @@ class LinkedSpanning:
                 reason = Rejection.from_code(wire["reason"]) if wire["outcome"] == "rejected" else \
                     Rejection.LINKED_SPANS_PARTITIONS
                 failures.append((i, reason, f"{command.command_id} was decided before: a linked batch across "
-                                            f"partitions takes commands not decided yet"))
+                                            f"partitions takes commands not decided yet{ANSWERED_ELSEWHERE}"))
             elif self.in_flight(command) or proc.spanning.under_way(command):
                 if self.in_flight(command):
                     self.retry(command, offset)
                 else:
                     proc.spanning.begin(command, offset)
-                failures.append((i, Rejection.IN_FLIGHT, f"{command.command_id} is in flight: it is answered when "
-                                                         f"that is decided"))
+                failures.append((i, Rejection.IN_FLIGHT, f"{command.command_id} is in flight{ANSWERED_ELSEWHERE}"))
             else:
                 homes.append(i)
         shares: list[tuple[int, core.PostTransaction]] = []
@@ -439,8 +448,8 @@ class LinkedSpanning:
         if self.state.change_record(ENGINE_CLIENT, decide_id) is None:
             self._decide(key, decide_id, failure, offset, at_ms)
         for _ in range(record["retries"]):
-            for wire in self._answers(commands, failure, at_ms):
-                proc.emit_result({**wire, "duplicate": True})
+            for wire in self._retried(commands, failure, at_ms):
+                proc.emit_result(wire)
         # The decision stays in the inbox (a retry of the batch is answered from it); the record ends. Both in
         # the final vote's StateChanges, after the own share's, its own last: a redo completes what a crash cut.
         decided_id = names.step_id(key, "decided")
@@ -455,6 +464,15 @@ class LinkedSpanning:
                  at_ms: int) -> list[dict[str, Any]]:
         return [result_to_wire(result, at_ms, command.transaction_id if result.accepted else None, [])
                 for command, result in zip(commands, linked.unit_answers(commands, failure))]
+
+    def _retried(self, commands: list[core.PostTransaction], failure: linked.Failure | None,
+                 at_ms: int) -> list[dict[str, Any]]:
+        """The answers to a retry of the whole batch, as duplicates: a transaction the batch failed on because
+        it has its own decision is left out (its home answers it by that decision when it is sent again)."""
+        answers = self._answers(commands, failure, at_ms)
+        if failure is not None and failure[2].endswith(ANSWERED_ELSEWHERE):
+            del answers[failure[0]]
+        return [{**answer, "duplicate": True} for answer in answers]
 
     # --- step 4 ----------------------------------------------------------------------------------------------
     def _decide(self, key: str, command_id: str, failure: linked.Failure | None, offset: int, at_ms: int) -> None:

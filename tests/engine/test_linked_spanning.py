@@ -204,3 +204,23 @@ def test_linked_batches_across_partitions_keep_every_promise_through_crashes(see
         assert len({r["outcome"] for r in first}) == 1, f"not all or nothing: {first}"
         failed = [r for r in first if r["reason"] not in (None, "linked_failed")]
         assert first[0]["outcome"] == "accepted" or len(failed) == 1, first
+
+
+def test_a_command_decided_alone_before_its_batch_keeps_its_answer_and_the_batch_fails_on_it():
+    """l2 reaches its own partition alone, and is decided there, before the batch that holds it: the batch
+    fails on it (across partitions a batch takes only commands not decided yet), l2 keeps its answer, even
+    to a retry of the whole batch, and nothing of l1 moves."""
+    bus = funded()
+    bus.send(transfer("l2", (Y1, -500), (X2, 500)), Y1)  # alone: Y1 has nothing yet
+    bus.run()
+    assert bus.result("l2")["reason"] == "insufficient_funds"
+    bus.send(spending_what_came_first(), X1)
+    bus.run()
+    bus.send(spending_what_came_first(), X1)
+    bus.run()
+    assert [(r["reason"], r["duplicate"]) for r in bus.results if r["command_id"] == "l2"] == [
+        ("insufficient_funds", False), ("insufficient_funds", True)]
+    assert [(r["reason"], r["duplicate"]) for r in bus.results if r["command_id"] == "l1"] == [
+        ("linked_failed", False), ("linked_failed", True)]
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
