@@ -363,6 +363,25 @@ class DepositReturned:
 
 
 @dataclass(frozen=True, slots=True)
+class TransferReturned:
+    """A transfer between two users given back, in part or in whole, perhaps after the receiver spent it
+    (a refund of a payment to a merchant, say): what the receiver's available cannot cover is booked on its
+    receivable. `transaction_id` names the transfer's transaction (e.g. "internal_transfer:t-1"); `from_user`
+    and `to_user` are as in that transfer (the money goes back from `to_user` to `from_user`), wherever the
+    two live (docs/wallet-operations.md, returns across partitions)."""
+
+    return_id: str
+    transaction_id: str
+    from_user: str
+    to_user: str
+    currency: str
+    amount: Amount
+    kind: Literal["return", "chargeback"] = "return"
+    occurred_at_ms: int | None = None
+    attempt: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class DepositChargedBack:
     """The card network (or the bank) takes back a deposit in transit after it settled, in part or in whole,
     perhaps after the user spent it: what the user's available cannot cover is booked on the user's
@@ -386,7 +405,7 @@ class DepositChargedBack:
 
 Event = (DepositConfirmed | WithdrawalRequested | WithdrawalCompleted | WithdrawalFailed | OrderPlaced
          | OrderClosed | TradeExecuted | FxConverted | InternalTransfer | ReversalRequested | DepositReturned
-         | DepositInitiated | DepositFronted | DepositSettled | DepositFailed | DepositChargedBack)
+         | DepositInitiated | DepositFronted | DepositSettled | DepositFailed | DepositChargedBack | TransferReturned)
 
 
 # --- account names ----------------------------------------------------------------------------------------
@@ -902,6 +921,28 @@ def _deposit_returned(e: DepositReturned, ctx: Context, spec: RuleSpec) -> tuple
                          kind=e.kind, reference=rid, occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms"),
                          metadata={**spec.meta(e.attempt, return_id=rid), RETURNS_KEY: deposit},
                          links=(deposit,)),)
+
+
+@rule("transfer_returned", 1, TransferReturned)
+def _transfer_returned(e: TransferReturned, ctx: Context, spec: RuleSpec) -> tuple[Routed, ...]:
+    """The transfer's money back from its receiver to its sender, as a return of the transfer's transaction
+    (the ledger.returns key), judged by the ledger like any return: at most what remains unreturned, only
+    the client's own transfer, the two users the transfer moved money between."""
+    rid = _business_id(e.return_id, "return_id")
+    transfer = _business_id(e.transaction_id, "transaction_id")
+    src, dst = _user(e.from_user, "from_user"), _user(e.to_user, "to_user")
+    if src == dst:
+        raise InvalidEvent("to_user", "a transfer is between two users")
+    cur = _currency(e.currency, ctx, "currency")
+    amount = to_minor(e.amount, cur, "amount")
+    if e.kind not in ("return", "chargeback"):
+        raise InvalidEvent("kind", f"must be return or chargeback, got {e.kind!r}")
+    cid = _command_id(spec.name, rid, _attempt(e.attempt))
+    return (_transaction(ctx, cid, [_leg(user_account(dst, cur.code), -amount, cur.code),
+                                    _leg(user_account(src, cur.code), amount, cur.code)],
+                         kind=e.kind, reference=rid, occurred_at_ms=_time(e.occurred_at_ms, "occurred_at_ms"),
+                         metadata={**spec.meta(e.attempt, return_id=rid), RETURNS_KEY: transfer},
+                         links=(transfer,)),)
 
 
 # --- deposits in transit: fronting only what is receivable ------------------------------------------------

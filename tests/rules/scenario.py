@@ -34,6 +34,7 @@ from connectors.rules import (
     Party,
     ReversalRequested,
     TradeExecuted,
+    TransferReturned,
     WithdrawalCompleted,
     WithdrawalFailed,
     WithdrawalRequested,
@@ -179,6 +180,11 @@ class Scenario:
     def deposit_returned(self, return_id, transaction_id, user, currency, amount, expect="accepted", duplicate=None,
                          **kw) -> "Scenario":
         return self.send(DepositReturned(return_id, transaction_id, user, currency, amount, **kw), expect, duplicate)
+
+    def transfer_returned(self, return_id, transaction_id, src, dst, currency, amount, expect="accepted",
+                          duplicate=None, **kw) -> "Scenario":
+        return self.send(TransferReturned(return_id, transaction_id, src, dst, currency, amount, **kw), expect,
+                         duplicate)
 
     def deposit_initiated(self, deposit_id, user, currency, amount, fronted="0", expect="accepted", **kw):
         return self.send(DepositInitiated(deposit_id, user, currency, amount, fronted, **kw), expect)

@@ -18,6 +18,7 @@ from connectors.rules import (
     OrderPlaced,
     Party,
     TradeExecuted,
+    TransferReturned,
     WithdrawalCompleted,
     WithdrawalFailed,
     WithdrawalRequested,
@@ -40,6 +41,7 @@ EVENTS = [
     FxConverted("x1", "alice", "USD", "EUR", "100.00", "0.92", "snap-1"),
     InternalTransfer("g1", "alice", "bob", "ETH", "0.000000000000000001"),
     DepositChargedBack("p1", "alice", "USD", "12.50", fronted="5"),
+    TransferReturned("r1", "internal_transfer:g1", "alice", "bob", "USD", "2.50", kind="chargeback"),
 ]
 
 
@@ -170,6 +172,9 @@ def test_fx_converts_exactly_or_by_the_stated_rounding():
     (FxConverted("x", "alice", "USD", "USD", 5, "1", "s"), rules.InvalidEvent),
     (FxConverted("x", "alice", "USD", "EUR", 5, "1", ""), rules.InvalidId),
     (InternalTransfer("g", "alice", "alice", "USD", 5), rules.InvalidEvent),
+    (TransferReturned("r", "internal_transfer:g", "alice", "alice", "USD", 5), rules.InvalidEvent),
+    (TransferReturned("r", "internal_transfer:g", "alice", "bob", "USD", 5, kind="refund"), rules.InvalidEvent),
+    (TransferReturned("r", "", "alice", "bob", "USD", 5), rules.InvalidId),
     (WithdrawalRequested("w", "alice", "USD", 5, fee=-1), rules.InvalidAmount),
 ])
 def test_bad_events_raise_typed_errors(event, error):

@@ -236,6 +236,31 @@ def test_a_deposit_returned_in_part_then_charged_back_after_it_was_spent():
     assert (metadata["rule"], metadata["ledger.returns"]) == ("deposit_returned", "deposit_confirmed:nope")
 
 
+def test_a_transfer_between_partitions_returned_after_the_receiver_spent_part_of_it():
+    """alice (one partition) pays bob (another) 100; bob withdraws 30; the transfer is returned whole:
+    alice has her 100 back, bob's 70 is taken and 30 is booked on his receivable. A second return, or
+    another client's, is refused, and a redelivered event changes nothing."""
+    s = (Scenario().users("alice", "bob")
+         .deposit("d1", "alice", "USDT", "100")
+         .transfer("t1", "alice", "bob", "USDT", "100")
+         .withdrawal_requested("w1", "bob", "USDT", "30")
+         .withdrawal_completed("w1", "bob", "USDT", "30")
+         .transfer_returned("r2", "internal_transfer:t1", "alice", "bob", "USDT", "100")
+         .assert_balances({"alice:USDT": "100", "bob:USDT": "0", "user:bob:receivable.USDT": "-30"})
+         .transfer_returned("r2", "internal_transfer:t1", "alice", "bob", "USDT", "100", duplicate=True)
+         .transfer_returned("r3", "internal_transfer:t1", "alice", "bob", "USDT", "0.01", kind="chargeback",
+                            expect="exceeds_unreturned"))
+    legs = s.history("transfer_returned:r2")
+    assert sorted((h["account_id"].split("@")[0], h["amount"], tuple(h["links"])) for h in legs) == [
+        ("sys:clearing:USDT", "-100000000", ("internal_transfer:t1",)),
+        ("sys:clearing:USDT", "100000000", ("internal_transfer:t1",)),
+        ("user:alice:USDT", "100000000", ("internal_transfer:t1",)),
+        ("user:bob:USDT", "-70000000", ("internal_transfer:t1",)),
+        ("user:bob:receivable.USDT", "-30000000", ("internal_transfer:t1",))]
+    s.ctx = rules.Context(client_id="other")
+    s.transfer_returned("r4", "internal_transfer:t1", "alice", "bob", "USDT", "0.01", expect="client_mismatch")
+
+
 def test_a_deposit_in_transit_is_fronted_only_up_to_what_the_rails_owe_then_settles_or_fails():
     """Alice's bank pull of 500 is initiated and 200 of it fronted at once; a second pull of 100 is initiated
     unfronted. Fronting 500 of the second is refused (her pending account holds only 400: what the rails owe
