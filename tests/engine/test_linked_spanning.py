@@ -10,7 +10,7 @@ import pytest
 from streams import routing
 from tests.helpers.bus import C, Bus, assert_books_balance
 from tests.helpers.interleavings import CHAOS, checked_bus, send
-from tests.helpers.records import N, linked, local_users, open_account, transfer
+from tests.helpers.records import N, command, linked, local_users, open_account, transfer
 
 X1, X2 = local_users(2, partition=0)
 Y1, Y2 = local_users(2, partition=1)
@@ -223,4 +223,46 @@ def test_a_command_decided_alone_before_its_batch_keeps_its_answer_and_the_batch
     assert [(r["reason"], r["duplicate"]) for r in bus.results if r["command_id"] == "l1"] == [
         ("linked_failed", False), ("linked_failed", True)]
     assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_fees_and_a_batch_sent_where_none_of_its_accounts_live():
+    """A fee to a system account rides on the share where its transaction's system legs live; a batch written
+    to a partition that holds none of its accounts is coordinated there all the same."""
+    bus = funded()
+    far = local_users(1, partition=2)[0]
+    bus.send(open_account(far), far)
+    bus.run()
+    fee = linked(transfer("f1", (X1, -105), (Y1, 100), ("sys:fees:USD", 5)), transfer("f2", (Y1, -60), (Y2, 60)))
+    bus.send_to(2, fee)
+    bus.run()
+    assert answers(bus, "f1", "f2") == {"f1": ("accepted", None), "f2": ("accepted", None)}
+    assert balances(bus) == {X1: (895, 0), X2: (0, 0), Y1: (40, 0), Y2: (60, 0)}
+    assert bus.account("sys:fees:USD") == (5, 0)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_cap_is_judged_at_every_step_of_the_batch_and_a_freeze_waits_for_the_decision():
+    """Y2 may hold at most 700: 600 in, 500 out, 300 in stays under it at every step; 800 in at once does not.
+    A freeze of Y2 sent while the first batch is reserved waits for its decision, then applies."""
+    bus = funded()
+    capped = local_users(3, partition=1)[2]
+    bus.send(open_account(capped, max_balance=700), capped)
+    bus.run()
+    bus.send(linked(transfer("c1", (X1, -600), (capped, 600)), transfer("c2", (capped, -500), (X2, 500)),
+                    transfer("c3", (X1, -300), (capped, 300))), X1)
+    bus.step(0)  # begun, ReserveLinked out to partition 1
+    bus.step(1)  # partition 1 reserves: capped's highest point (600) counted, its lowest (0) needs no hold
+    bus.send(command("freeze", "FreezeAccount", {"account_id": capped}), capped)
+    bus.step(1)
+    assert not [r for r in bus.results if r["command_id"] == "freeze"], "the freeze waits"
+    bus.run()
+    assert answers(bus, "c1", "c2", "c3", "freeze") == {"c1": ("accepted", None), "c2": ("accepted", None),
+                                                        "c3": ("accepted", None), "freeze": ("accepted", None)}
+    assert (bus.account(capped), bus.account(X1), bus.account(X2)) == ((400, 0), (100, 0), (500, 0))
+    bus.send(command("unfreeze", "UnfreezeAccount", {"account_id": capped}), capped)
+    bus.send(linked(transfer("c4", (X2, -400), (capped, 400)), transfer("c5", (capped, -1), (X1, 1))), X2)
+    bus.run()
+    assert answers(bus, "c4", "c5") == {"c4": ("rejected", "balance_limit_exceeded"), "c5": ("rejected", "linked_failed")}
+    assert bus.account(capped) == (400, 0)
     assert_books_balance(bus, ("USD",))
