@@ -193,15 +193,19 @@ def first_refused(state: StateReader, commands: Sequence[Command],
 
 
 def exposure(legs: Iterable[Iterable[tuple[str, int]]]) -> dict[str, tuple[int, int]]:
-    """Per account, (the most the commands' legs, posted in order, take from it at any point, the most they add
-    to it at any point), both >= 0, from their running sums. A partition reserves these while the batch is in
-    flight: the first as a hold (whatever else happens meanwhile, the lowest point stays within the account's
-    limits), the second counted against a cap like any credit in flight."""
+    """Per account, (the most the commands, posted in order, take from it at any point, the most they add to it
+    at any point), both >= 0, from their running sums (a command's legs post together: its net change counts).
+    A partition reserves these while the batch is in flight: the first as a hold (whatever else happens
+    meanwhile, the lowest point stays within the account's limits), the second counted against a cap like any
+    credit in flight."""
     running: dict[str, int] = {}
     lowest: dict[str, int] = {}
     highest: dict[str, int] = {}
     for command_legs in legs:
+        net: dict[str, int] = {}
         for account_id, amount in command_legs:
+            net[account_id] = net.get(account_id, 0) + amount
+        for account_id, amount in net.items():
             total = running[account_id] = running.get(account_id, 0) + amount
             lowest[account_id] = min(lowest.get(account_id, 0), total)
             highest[account_id] = max(highest.get(account_id, 0), total)

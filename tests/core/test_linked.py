@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.core.linked import execute_linked, judge_placement, refuse_all
+from streams.core.linked import (execute_linked, exposure, first_failure, first_refused, judge_placement, refuse_all,
+                                 unit_answers)
 from streams.core.rejections import Rejection
 
 from .ledger_dsl import Ledger
@@ -143,3 +144,42 @@ transfer d1 world:USD->u:USD 100.00 kind=deposit | ok
         == ["ok", "ok"]
     assert decide("tx a1 u:USD=-10.00 sys:fx:USD=10.00 sys:fx:EUR=-9.30 u:EUR=9.30 kind=fx rate=s9 id=l3") \
         == ["linked_failed", "amount_off_rate"]
+
+
+# --- a linked batch across partitions: the rules each partition and the coordinator apply --------------------
+
+def test_a_partitions_shares_are_judged_in_batch_order_without_being_remembered() -> None:
+    ledger = Ledger().run(SETUP)
+    spend_credit = [ledger._command(100, "transfer t1 a:USD->b:USD 10.00 id=s1"),
+                    ledger._command(101, "transfer t2 b:USD->c:USD 7.00 id=s2")]
+    assert first_refused(ledger.state, spend_credit, ledger.currencies) is None
+    index, reason, detail = first_refused(ledger.state, spend_credit[::-1], ledger.currencies)
+    assert (index, reason) == (0, Rejection.INSUFFICIENT_FUNDS) and "b:USD" in detail
+    assert ledger.state.accounts["a:USD"].posted == 1000 and ledger.state.processed(("t", "s1")) is None
+
+
+def test_exposure_is_the_lowest_and_highest_point_of_each_accounts_running_sum() -> None:
+    assert exposure([[("a", -600), ("b", 600)], [("b", -500), ("c", 500)], [("b", 300), ("a", -300)]]) == {
+        "a": (900, 0), "b": (0, 600), "c": (0, 500)}
+    assert exposure([[("a", -5), ("a", 8)], [("a", -10)]]) == {"a": (7, 3)}
+    assert exposure([[("a", -5), ("a", 8)]]) == {"a": (0, 3)}  # one command's legs post together
+    assert exposure([]) == {}
+
+
+def test_a_batch_across_partitions_fails_on_its_earliest_refused_command_the_most_urgent_reason_first() -> None:
+    votes = [(2, Rejection.UNKNOWN_ACCOUNT, "x"), (1, Rejection.INSUFFICIENT_FUNDS, "b"),
+             (1, Rejection.UNKNOWN_ACCOUNT, "c"), (1, Rejection.UNKNOWN_ACCOUNT, "a")]
+    assert first_failure(votes) == (1, Rejection.UNKNOWN_ACCOUNT, "a")
+    assert first_failure([]) is None
+
+
+def test_every_command_of_a_batch_across_partitions_gets_its_own_answer() -> None:
+    ledger = Ledger().run(SETUP)
+    commands = [ledger._command(100 + i, f"transfer t{i} a:USD->b:USD 1.00 id=u{i}") for i in range(3)]
+    assert [(r.command_id, r.outcome, r.reason) for r in unit_answers(commands, None)] == [
+        ("u0", "accepted", None), ("u1", "accepted", None), ("u2", "accepted", None)]
+    refused = unit_answers(commands, (1, Rejection.INSUFFICIENT_FUNDS, "a:USD has 0"))
+    assert [(r.reason, r.detail) for r in refused] == [
+        (Rejection.LINKED_FAILED, "linked with u1, which was refused insufficient_funds"),
+        (Rejection.INSUFFICIENT_FUNDS, "a:USD has 0"),
+        (Rejection.LINKED_FAILED, "linked with u1, which was refused insufficient_funds")]
