@@ -266,3 +266,21 @@ def test_a_cap_is_judged_at_every_step_of_the_batch_and_a_freeze_waits_for_the_d
     assert answers(bus, "c4", "c5") == {"c4": ("rejected", "balance_limit_exceeded"), "c5": ("rejected", "linked_failed")}
     assert bus.account(capped) == (400, 0)
     assert_books_balance(bus, ("USD",))
+
+
+def test_a_payment_of_a_batch_across_partitions_is_returned_like_any_payment_across_them():
+    """Each share keeps its transaction's client (as a transaction across partitions posts its shares), so the
+    payee's partition returns part of l1 as it returns any payment whose money crossed partitions."""
+    from streams.core.returns import RETURNS_KEY
+    bus = funded()
+    bus.send(spending_what_came_first(), X1)
+    bus.run()
+    bus.send(command("ret", "PostTransaction", {
+        "transaction_id": "ret", "kind": "return", "reference": None, "links": [],
+        "metadata": {RETURNS_KEY: "l1"}, "occurred_at_ms": None, "rate_snapshot_id": None,
+        "legs": [{"account_id": Y1, "amount": "-100", "hold_id": None, "currency": None},
+                 {"account_id": X1, "amount": "100", "hold_id": None, "currency": None}]}), Y1)
+    bus.run()
+    assert bus.result("ret")["outcome"] == "accepted"
+    assert balances(bus) == {X1: (500, 0), X2: (500, 0), Y1: (0, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
