@@ -317,6 +317,10 @@ class LinkedSpanning:
                 records.append((f"n/{account_id}", {**reserved, key: add}))
                 credited.append([account_id, add])
             records.append((f"k/{account_id}", [*(state.record(f"k/{account_id}") or []), key]))
+        if not failures and shares:  # the in-flight records stay within what one redo record may hold
+            budget = proc.spanning._over_budget(key, list(first_touch), {}, dict(credited))
+            if budget is not None:
+                failures.append((shares[0][0], *budget))
         if failures:  # nothing is staged: the holds' changes and these records are dropped
             return linked.first_failure(failures), [*marks, (_SHARE + key, record)], {}
         records.append((_SHARE + key, {**record, "holds": placed, "credits": credited, "reserved": True}))
