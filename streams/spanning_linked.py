@@ -1,8 +1,9 @@
 """A linked batch whose transactions live in several partitions: one unit of the two-phase protocol.
 
 The rules are the core's (streams/core/linked.py: first_refused, exposure, first_failure, unit_answers); this
-shell routes the steps, loads and persists. The batch is keyed by its first command, K = ``<client>/<id>~linked~<digest of every command's id>``,
-and coordinated in the partition it was sent to (streams/linking.py hands it over there).
+shell routes the steps, loads and persists. The batch is keyed by its client and name (batch_name: its first
+command's id, marked, and a digest of every command's id), K = ``<client>/<id>~linked~<digest>``, and
+coordinated in the partition it was sent to (streams/linking.py hands it over there).
 
 1. begin (coordinator): the judgements of each transaction as a whole that need no partition's state of
    another (its shape, double entry, its rate, names internal to the ledger: spanning.Spanning._whole and
@@ -13,7 +14,7 @@ and coordinated in the partition it was sent to (streams/linking.py hands it ove
    against what the earlier ones staged (first_refused), so a transaction may spend what an earlier one
    credited to the same account. A transaction whose home this is (where it would be decided alone: its
    coordinator) fails if it was decided before or is part of another batch in flight. All of it fits: the
-   participant holds, per account, the most the running sum of the batch's legs takes from it (an internal
+   participant holds, per account, the most the running sum of the batch's changes takes from it (an internal
    hold ``~K~<account>``) and counts the most it adds (``n/<account>``, as credits in flight are), in one
    StateChange with its record ``q/K``; the home transactions are marked in flight (``li/<client>/<id>``).
    It votes with VoteLinked: reserved, or the first transaction it refused and why.
@@ -30,9 +31,9 @@ and coordinated in the partition it was sent to (streams/linking.py hands it ove
 
 A retry of the whole batch at the coordinator is answered when the batch is decided (in flight) or from
 the decision's inbox entry ``K~decided`` (afterwards), as duplicates; a retry of one of its commands at its
-home is counted in ``q/K`` and answered when the batch is decided there. Every step's state is written in its own StateChange with its inbox entry
-written last, and every write of a step is named after K, so a step delivered again or redone after a crash
-changes nothing twice.
+home is counted in ``q/K`` and answered when the batch is decided there. Every step's state is written in
+its own StateChange with its inbox entry written last, and every write of a step is named after K, so a
+step delivered again or redone after a crash changes nothing twice.
 """
 from __future__ import annotations
 

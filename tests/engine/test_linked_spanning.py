@@ -263,7 +263,8 @@ def test_a_cap_is_judged_at_every_step_of_the_batch_and_a_freeze_waits_for_the_d
     bus.send(command("unfreeze", "UnfreezeAccount", {"account_id": capped}), capped)
     bus.send(linked(transfer("c4", (X2, -400), (capped, 400)), transfer("c5", (capped, -1), (X1, 1))), X2)
     bus.run()
-    assert answers(bus, "c4", "c5") == {"c4": ("rejected", "balance_limit_exceeded"), "c5": ("rejected", "linked_failed")}
+    assert answers(bus, "c4", "c5") == {"c4": ("rejected", "balance_limit_exceeded"),
+                                        "c5": ("rejected", "linked_failed")}
     assert bus.account(capped) == (400, 0)
     assert_books_balance(bus, ("USD",))
 
