@@ -17,7 +17,7 @@ row after the start to the last (gc.get_objects).
 
 With --worker, a real worker process on the broker instead (`make soak-memory`): the load generator's mix in
 CommandBatch records at --rate commands/s, and the worker's RSS (librdkafka's queues and Faust included) every
---every commands it has answered.
+--every commands it has answered, sent in windows of 5,000 each answered before the next.
 
 Run: .venv/bin/python benchmarks/memory_bench.py [--decided 1000000] [--every 100000] [--users 20000]
                                                  [--trim] [--types]
@@ -147,6 +147,9 @@ def type_counts() -> Counter:
     return Counter(type(o).__name__ for o in gc.get_objects())
 
 
+WINDOW = 5_000  # client commands sent before waiting for their answers (worker_rss)
+
+
 def worker_rss(decided: int, every: int, rate: float, users: int) -> None:
     import tempfile
 
@@ -166,11 +169,15 @@ def worker_rss(decided: int, every: int, rate: float, users: int) -> None:
         began = time.perf_counter()
         print(f"{0:>10,} {rss_mib(worker.proc.pid):>8.0f} {0.0:>7.1f}", flush=True)
         for done in range(every, decided + 1, every):
-            sent = list(gen.paced(every, rate, batch_window_s=0.02))
-            # In slices: each pass of a wait looks up every id it was given, and a 100,000-id pass every 20 ms
-            # took about half a core from the worker being measured.
-            for first in range(0, len(sent), 2000):
-                client.wait(sent[first:first + 2000], 600)
+            # In windows of WINDOW commands, each answered before the next is sent: at a rate the worker cannot
+            # keep up with, a backlog of a whole row put every transfer across partitions behind it (its later
+            # steps are commands appended after the backlog), and an earlier run timed out waiting.
+            for first in range(0, every, WINDOW):
+                sent = list(gen.paced(min(WINDOW, every - first), rate, batch_window_s=0.02))
+                # In slices: each pass of a wait looks up every id it was given, and a 100,000-id pass every
+                # 20 ms took about half a core from the worker being measured.
+                for at in range(0, len(sent), 2000):
+                    client.wait(sent[at:at + 2000], 600)
             print(f"{done:>10,} {rss_mib(worker.proc.pid):>8.0f} {time.perf_counter() - began:>7.1f}", flush=True)
         client.close()
     finally:
