@@ -138,7 +138,8 @@ class LinkedSpanning:
 
     def in_flight(self, command: core.Command) -> bool:
         """A transaction of a linked batch in flight whose home is this partition (see retry)."""
-        return self.state.record(_ITEM + names.transaction_key(command.client_id, command.command_id)) is not None
+        return isinstance(command, core.PostTransaction) and \
+            self.state.record(_ITEM + names.transaction_key(command.client_id, command.command_id)) is not None
 
     def retry(self, command: core.Command, offset: int) -> None:
         """A command of a linked batch in flight sent again to its home, alone or in another batch: answered
