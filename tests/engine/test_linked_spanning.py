@@ -120,6 +120,22 @@ def test_restores_in_the_middle_change_nothing():
     assert_books_balance(bus, ("USD",))
 
 
+def test_every_step_delivered_twice_changes_nothing_twice():
+    bus = Bus(duplicate_engine_commands=True)
+    for account in EVERYONE:
+        bus.send(open_account(account), account)
+    bus.send(transfer("dep", ("sys:world:USD", -1_000), (X1, 1_000)), X1)
+    bus.run()
+    bus.send(spending_what_came_first(), X1)
+    bus.send(linked(transfer("l3", (X1, -100), (Y1, 100)), transfer("l4", (Y2, -50), (X2, 50))), X1)
+    bus.run()
+    assert answers(bus, "l1", "l2", "l3", "l4") == {"l1": ("accepted", None), "l2": ("accepted", None),
+                                                    "l3": ("rejected", "linked_failed"),
+                                                    "l4": ("rejected", "insufficient_funds")}
+    assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
 def test_while_in_flight_the_money_is_reserved_and_a_command_of_the_batch_sent_alone_waits_its_answer():
     bus = funded()
     bus.send(spending_what_came_first(), X1)
