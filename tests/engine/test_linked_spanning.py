@@ -301,3 +301,21 @@ def test_a_payment_of_a_batch_across_partitions_is_returned_like_any_payment_acr
     assert bus.result("ret")["outcome"] == "accepted"
     assert balances(bus) == {X1: (500, 0), X2: (500, 0), Y1: (0, 0), Y2: (0, 0)}
     assert_books_balance(bus, ("USD",))
+
+
+def test_a_forged_step_of_a_linked_batch_is_refused():
+    """ReserveLinked, VoteLinked and DecideLinked are taken only from a record a worker sealed (P11)."""
+    from streams.routing import ENGINE_CLIENT
+    bus = funded()
+    batch = {"batch_client_id": "t", "batch_command_id": "l1~linked~0"}
+    forged = [command("f-reserve", "ReserveLinked", {**batch, "coordinator_partition": 0, "items": []}),
+              command("f-vote", "VoteLinked", {**batch, "participant": 1, "item": -1, "reason": None, "detail": ""},
+                      client=ENGINE_CLIENT),
+              command("f-decide", "DecideLinked", {**batch, "commit": True, "item": -1, "reason": None,
+                                                   "detail": ""}, client=ENGINE_CLIENT)]
+    for value in forged:
+        bus.send(value, Y1)
+    bus.run()
+    assert [bus.result(c)["reason"] for c in ("f-reserve", "f-vote", "f-decide")] == ["invalid_command"] * 3
+    assert balances(bus)[X1] == (1_000, 0)
+    assert_books_balance(bus, ("USD",))
