@@ -293,7 +293,7 @@ class LinkedSpanning:
                 first_touch.setdefault(account_id, index)
         held: dict[str, Any] = {"accounts": [], "holds": [], "history": ()}
         records: list[tuple[str, Any]] = list(marks)
-        placed, credited, failures = [], [], []
+        placed, credited, failures, marked = [], [], [], []
         for account_id, (take, add) in linked.exposure(ordinary).items():
             if take:
                 hold = core.PlaceHold(command_id=names.step_id(key, "hold", account_id), client_id=ENGINE_CLIENT,
@@ -318,6 +318,12 @@ class LinkedSpanning:
                         continue
                 records.append((f"n/{account_id}", {**reserved, key: add}))
                 credited.append([account_id, add])
+            marked.append(account_id)
+        # The system shards its shares post to (where their transactions' system legs live) are marked too, as
+        # one transaction's coordinator marks them: a freeze or close of one waits for the decision.
+        marked += [leg.account_id for _, share in shares for leg in share.legs
+                   if routing.is_system(leg.account_id) and not names.is_clearing(leg.account_id)]
+        for account_id in dict.fromkeys(marked):
             records.append((f"k/{account_id}", [*(state.record(f"k/{account_id}") or []), key]))
         if not failures and shares:  # the in-flight records stay within what one redo record may hold
             budget = proc.spanning._over_budget(key, list(first_touch), {}, dict(credited))
@@ -325,7 +331,8 @@ class LinkedSpanning:
                 failures.append((shares[0][0], *budget))
         if failures:  # nothing is staged: the holds' changes and these records are dropped
             return linked.first_failure(failures), [*marks, (_SHARE + key, record)], {}
-        records.append((_SHARE + key, {**record, "holds": placed, "credits": credited, "reserved": True}))
+        records.append((_SHARE + key, {**record, "holds": placed, "credits": credited, "reserved": True,
+                                       "marked": list(dict.fromkeys(marked))}))
         return None, records, held
 
     def _credit_fits(self, key: str, command: core.PostTransaction, account_id: str, total: int, at_ms: int,
@@ -530,7 +537,10 @@ class LinkedSpanning:
         records += [(_ITEM + names.transaction_key(commands[i].client_id, commands[i].command_id), None)
                     for i in share["homes"] if self.state.record(_ITEM + names.transaction_key(
                         commands[i].client_id, commands[i].command_id)) == key]
-        for account_id in dict.fromkeys([a for _, a, _ in share["holds"]] + [a for a, _ in share["credits"]]):
+        # Every account it marked (one whose running sum never left zero has neither a hold nor a credit; a
+        # share recorded before "marked" was kept names the accounts of its holds and credits).
+        marked = share.get("marked", [a for _, a, _ in share["holds"]] + [a for a, _ in share["credits"]])
+        for account_id in dict.fromkeys(marked):
             rest = [k for k in (state.record(f"k/{account_id}") or []) if k != key]
             records.append((f"k/{account_id}", rest or None))
         for account_id, _ in share["credits"]:

@@ -285,6 +285,40 @@ def test_a_cap_is_judged_at_every_step_of_the_batch_and_a_freeze_waits_for_the_d
     assert_books_balance(bus, ("USD",))
 
 
+def test_a_freeze_of_a_system_shard_a_share_posts_to_waits_for_the_decision():
+    """f1 takes 50 from the world's shard where f1's system legs live (partition 0): a freeze of that shard sent
+    while the batch is reserved waits for the decision, as for one transaction, instead of making the reserved
+    share's commit fail (which left the batch undecided and X1's 50 held)."""
+    bus = funded()
+    bus.send(linked(transfer("w1", (X1, -50), ("sys:world:USD", -50), (Y1, 100)), transfer("w2", (Y1, -60), (Y2, 60))),
+             X1)
+    bus.step(0)  # begun: partition 0's share (X1 and the world's shard) reserved, ReserveLinked out
+    bus.send_to(0, command("fz", "FreezeAccount", {"account_id": "sys:world:USD"}))
+    bus.step(0)
+    assert not [r for r in bus.results if r["command_id"] == "fz"], "the freeze waits"
+    bus.run()
+    assert not [r for r in bus.results if "unprocessable" in (r["detail"] or "")]
+    assert answers(bus, "w1", "w2", "fz") == {"w1": ("accepted", None), "w2": ("accepted", None),
+                                              "fz": ("accepted", None)}
+    assert balances(bus) == {X1: (950, 0), X2: (0, 0), Y1: (40, 0), Y2: (60, 0)}
+    assert not [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/")]
+    assert_books_balance(bus, ("USD",))
+
+
+def test_an_account_whose_running_sum_never_leaves_zero_is_not_left_marked():
+    """X2 is debited and credited 10 by l1: no hold, no credit counted, but marked while the batch is in flight;
+    the decision ends its mark, so a later freeze of X2 is decided (it waited forever)."""
+    bus = funded()
+    bus.send(linked(transfer("l1", (X1, -100), (X2, -10), (X2, 10), (Y1, 100)), transfer("l2", (Y1, -60), (Y2, 60))),
+             X1)
+    bus.run()
+    assert answers(bus, "l1", "l2") == {"l1": ("accepted", None), "l2": ("accepted", None)}
+    assert not [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/")]
+    bus.send(command("fz", "FreezeAccount", {"account_id": X2}), X2)
+    bus.run()
+    assert answers(bus, "fz") == {"fz": ("accepted", None)}
+
+
 def test_a_payment_of_a_batch_across_partitions_is_returned_like_any_payment_across_them():
     """Each share keeps its transaction's client (as a transaction across partitions posts its shares), so the
     payee's partition returns part of l1 as it returns any payment whose money crossed partitions."""
