@@ -212,6 +212,17 @@ class Linking:
         """Persist and answer one command's decision, as PartitionProcessor.execute does."""
         proc = self.proc
         proc.position, proc.kind = f"{offset}.{index}", type(command).__name__
+        if changes.processed is not None and not result.accepted:
+            # A command in flight here (of a linked batch across partitions, or a transaction under way) is
+            # decided by that, once: sent again in this batch it is a retry, answered with that decision. A
+            # refusal recorded for it now would be a second decision of its id, and the answer its own decision
+            # then gives (linked_failed for a transaction that posted).
+            if proc.linked_spanning.in_flight(command):
+                proc.linked_spanning.retry(command, offset)
+                return
+            if proc.spanning.under_way(command):
+                proc.spanning.begin(command, offset)
+                return
         if changes.processed is None:  # a duplicate or an id conflict: answered, nothing written
             proc.emit_result(result_to_wire(result, command.at_ms, None, []))
             return

@@ -156,7 +156,8 @@ class LinkedSpanning:
             proc.reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
                         f"command {command.command_id} of {command.client_id} was already used with another payload")
             return
-        retry_id = names.step_id(key, "retry", f"{proc.partition}:{proc.position}")
+        # Per command: one record may retry several commands of the batch (another batch holding them).
+        retry_id = names.step_id(key, "retry", f"{proc.partition}:{proc.position}:{index}")
         if self.state.change_record(ENGINE_CLIENT, retry_id) is not None:
             return  # this same retry redone after a crash: counted once
         retries = dict(share.get("retries", {}))

@@ -319,6 +319,44 @@ def test_an_account_whose_running_sum_never_leaves_zero_is_not_left_marked():
     assert answers(bus, "fz") == {"fz": ("accepted", None)}
 
 
+def _answers_of(bus: Bus, *ids: str) -> list[tuple]:
+    return sorted((r["command_id"], r["outcome"], r["reason"], r["duplicate"]) for r in bus.results
+                  if r["command_id"] in ids)
+
+
+def test_two_commands_of_a_batch_in_flight_sent_again_in_another_batch_across_partitions_are_both_retries():
+    """l1 and l2 are in flight in their batch when a second batch holding both (and l3) reaches their home:
+    each is a retry, answered with the first batch's decision (l2's retry was counted as l1's, and lost)."""
+    bus = funded()
+    bus.send(linked(transfer("l1", (X1, -100), (Y1, 100)), transfer("l2", (X1, -100), (Y2, 100))), X1)
+    bus.step(0)  # begun
+    bus.send(linked(transfer("l1", (X1, -100), (Y1, 100)), transfer("l2", (X1, -100), (Y2, 100)),
+                    transfer("l3", (X1, -1), (Y2, 1))), X1)
+    bus.run()
+    assert _answers_of(bus, "l1", "l2") == [("l1", "accepted", None, False), ("l1", "accepted", None, True),
+                                            ("l2", "accepted", None, False), ("l2", "accepted", None, True)]
+    assert [r["reason"] for r in bus.results if r["command_id"] == "l3"] == ["linked_failed"]
+    assert balances(bus) == {X1: (800, 0), X2: (0, 0), Y1: (100, 0), Y2: (100, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_commands_in_flight_sent_again_in_a_batch_of_one_partition_keep_their_batch_s_answer():
+    """l2 and l3 (local to partition 0) are in flight in a batch across partitions when a batch of just the two
+    reaches partition 0: both are retries. l3 was refused linked_failed there, and that refusal, remembered
+    under its id, became its answer in its own batch, which posted it."""
+    bus = funded()
+    bus.send(linked(transfer("l1", (X1, -100), (Y1, 100)), transfer("l2", (X1, -100), (X2, 100)),
+                    transfer("l3", (X1, -50), (X2, 50))), X1)
+    bus.step(0)  # begun
+    bus.send(linked(transfer("l2", (X1, -100), (X2, 100)), transfer("l3", (X1, -50), (X2, 50))), X1)
+    bus.run()
+    assert _answers_of(bus, "l1", "l2", "l3") == [
+        ("l1", "accepted", None, False), ("l2", "accepted", None, False), ("l2", "accepted", None, True),
+        ("l3", "accepted", None, False), ("l3", "accepted", None, True)]
+    assert balances(bus) == {X1: (750, 0), X2: (150, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
 def test_a_payment_of_a_batch_across_partitions_is_returned_like_any_payment_across_them():
     """Each share keeps its transaction's client (as a transaction across partitions posts its shares), so the
     payee's partition returns part of l1 as it returns any payment whose money crossed partitions."""
