@@ -2,8 +2,9 @@
 
 The rules are the core's (streams/core/linked.py: first_refused, exposure, first_failure, unit_answers); this
 shell routes the steps, loads and persists. The batch is keyed by its client and name (batch_name: its first
-command's id, marked, and a digest of every command's id), K = ``<client>/<id>~linked~<digest>``, and
-coordinated in the partition it was sent to (streams/linking.py hands it over there).
+command's id, marked, and a digest of every command's id and of its coordinator), K =
+``<client>/<id>~linked~<digest>``, and coordinated in the partition it was sent to (streams/linking.py hands it
+over there).
 
 1. begin (coordinator): the judgements of each transaction as a whole that need no partition's state of
    another (its shape, double entry, its rate, names internal to the ledger: spanning.Spanning._whole and
@@ -59,11 +60,16 @@ _ITEM = "li/"  # a transaction of a batch in flight, at its home: li/<client>/<i
 ANSWERED_ELSEWHERE = "; it keeps the answer of its own decision"
 
 
-def batch_name(commands: list[core.Command]) -> str:
+def batch_name(commands: list[core.Command], coordinator: int) -> str:
     """The batch's name among its client's ids: its first command's id, marked, and a digest of every command's
-    client and id, so another batch that begins with the same command is another batch (the command in it is
-    then a retry of the one in flight), and the same batch sent again is the same."""
-    digest = hashlib.sha256(json.dumps([[c.client_id, c.command_id] for c in commands]).encode()).hexdigest()[:16]
+    client and id and of the partition coordinating it, so another batch that begins with the same command is
+    another batch (the command in it is then a retry of the one in flight), and the same batch sent again to
+    the same partition is the same. The same batch written to two partitions is two batches, each
+    coordinated where it was sent: their steps' ids (derived from the name) never meet, and each finds the
+    other's commands in flight or decided (before, the two coordinators' steps shared ids, so each took the
+    other's for its own delivered again and neither batch was ever decided, its holds kept)."""
+    ids = [[c.client_id, c.command_id] for c in commands]
+    digest = hashlib.sha256(json.dumps([coordinator, ids]).encode()).hexdigest()[:16]
     return names.step_id(commands[0].command_id, "linked", digest)
 
 
@@ -171,7 +177,8 @@ class LinkedSpanning:
               at_ms: int) -> None:
         """refusals: per command, the engine's refusal of it on its route (None: none)."""
         proc = self.proc
-        key = names.transaction_key(commands[0].client_id, batch_name(commands))
+        name = batch_name(commands, proc.partition)
+        key = names.transaction_key(commands[0].client_id, name)
         items = [[c.client_id, c.command_id, proc.fingerprint(c)] for c in commands]
         stored = self.state.record(_BATCH + key)
         decided = self.state.change_record(ENGINE_CLIENT, names.step_id(key, "decided"))
@@ -190,7 +197,7 @@ class LinkedSpanning:
             failures += [(index, reason, detail) for reason, detail in found]
         wires = [command_to_wire(c)["body"][1] for c in commands]
         participants = sorted({p for c in commands for p in self._participants(c)} | {proc.partition})
-        body = {"batch_client_id": commands[0].client_id, "batch_command_id": batch_name(commands),
+        body = {"batch_client_id": commands[0].client_id, "batch_command_id": name,
                 "coordinator_partition": proc.partition,
                 "items": [{"client_id": c.client_id, "command_id": c.command_id, "transaction": w}
                           for c, w in zip(commands, wires)]}
@@ -452,7 +459,8 @@ class LinkedSpanning:
         failure = linked.first_failure(_failure(v) for v in record["votes"].values() if v is not None)
         commands = [self._transaction({"client_id": c, "command_id": i, "transaction": t}, record["at_ms"])
                     for (c, i, _), t in zip(record["items"], record["txs"])]
-        body = {"batch_client_id": commands[0].client_id, "batch_command_id": batch_name(commands),
+        # The batch's name as it was begun (K is "<client>/<name>"), not worked out again.
+        body = {"batch_client_id": commands[0].client_id, "batch_command_id": key[len(commands[0].client_id) + 1:],
                 "commit": failure is None, "item": -1 if failure is None else failure[0],
                 "reason": None if failure is None else failure[1].code, "detail": "" if failure is None else failure[2]}
         for p in record["participants"]:

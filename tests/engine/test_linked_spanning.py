@@ -357,6 +357,41 @@ def test_commands_in_flight_sent_again_in_a_batch_of_one_partition_keep_their_ba
     assert_books_balance(bus, ("USD",))
 
 
+@pytest.mark.parametrize("second", [Y1, "partition 2"])
+def test_one_batch_written_to_two_partitions_is_decided_in_each_and_nothing_stays_reserved(second):
+    """A producer writes the same batch to X1's partition and to another: two coordinators. Each batch finds the
+    other's commands in flight and fails; every command is answered (its batch's answer, and its retry's), and
+    nothing stays held or marked. Before, the two coordinators' steps had the same ids: neither was decided,
+    nobody was answered and X1's 600 stayed held."""
+    bus = funded()
+    batch = spending_what_came_first()
+    bus.send(batch, X1)
+    if second == Y1:
+        bus.send(batch, Y1)
+    else:
+        bus.send_to(2, batch)
+    bus.run()
+    got = _answers_of(bus, "l1", "l2")
+    assert [(c, d) for c, _, _, d in got] == [("l1", False), ("l1", True), ("l2", False), ("l2", True)]
+    assert len({(c, o, r) for c, o, r, _ in got}) == 2, "a retry is answered as the original"
+    assert not [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/")]
+    assert balances(bus)[X1][1] == 0
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_decided_batch_written_again_to_another_partition_is_answered_and_leaves_nothing():
+    bus = funded()
+    bus.send(spending_what_came_first(), X1)
+    bus.run()
+    bus.send(spending_what_came_first(), Y1)
+    bus.run()
+    assert _answers_of(bus, "l1", "l2") == [("l1", "accepted", None, False), ("l1", "accepted", None, True),
+                                            ("l2", "accepted", None, False), ("l2", "accepted", None, True)]
+    assert not [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/")]
+    assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
 def test_a_payment_of_a_batch_across_partitions_is_returned_like_any_payment_across_them():
     """Each share keeps its transaction's client (as a transaction across partitions posts its shares), so the
     payee's partition returns part of l1 as it returns any payment whose money crossed partitions."""
