@@ -19,7 +19,7 @@ from schemas.codec import codec
 from streams import routing
 from tests.helpers.bus import Bus
 from tests.helpers.recorder import START_MS, TOPICS, Recorder
-from tests.helpers.records import N, batch, local_users, open_account, place_hold, transfer, tx
+from tests.helpers.records import N, batch, linked, local_users, open_account, place_hold, transfer, tx
 
 C = codec()
 
@@ -387,6 +387,34 @@ def test_p4_shares_of_older_logs_counted_under_their_commit_steps():
                   lambda v: {**v, "command_id": "someone-else"})
     assert reported(check(broken), "P4") == ["P4: command ('t', 'trade') has 0 history entries under its own id "
                                              "and 5 under its commits, expected 0 and 6"]
+
+
+def _across_partitions(*sends) -> Streams:
+    """A, B, CC (partition 0) and REMOTE (another) opened, A funded 1,000; then each (record, account) sent."""
+    bus = Recorder()
+    for account in (A, B, CC, REMOTE):
+        bus.send(open_account(account), account)
+    bus.send(transfer("fund", ("sys:world:USD", -1_000), (A, 1_000)), A)
+    bus.run()
+    for value, account in sends:
+        bus.send(value, account)
+    bus.run()
+    return bus.streams()
+
+
+def test_p4_shares_whose_legs_on_one_account_net_or_post_leg_by_leg_check_clean():
+    """A transaction across partitions alone nets an account's legs within its share (B's -10 and +10 post
+    nothing); a linked batch's shares post each leg (A's -50 and -30 are two entries). Both are the books
+    changed once: the oracle counted neither so and failed a correct log."""
+    netted = transfer("n1", (A, -100), (B, -10), (B, 10), (REMOTE, 100))
+    leg_by_leg = linked(transfer("k1", (A, -50), (A, -30), (REMOTE, 80)), transfer("k2", (REMOTE, -20), (CC, 20)))
+    streams = _across_partitions((netted, A), (leg_by_leg, A))
+    assert [result_of(streams, c)["outcome"] for c in ("n1", "k1", "k2")] == ["accepted"] * 3
+    report = check(streams)
+    assert report.ok, format_report(report)
+    broken = drop(streams, "history", lambda v: v["command_id"].startswith("t/k1~decide~") and v["amount"] == "-30")
+    assert "P4: command ('t', 'k1') has 0 history entries under its own id and 2 under its commits, expected 0 " \
+           "and 3" in reported(check(broken), "P4")
 
 
 # P3: seq gapless and increasing, posted_after the fold ----------------------------------------------------------
