@@ -53,6 +53,24 @@ def test_with_transactions_the_same_crash_publishes_each_result_and_entry_once()
     assert results == [] and history == []
 
 
+def test_redelivered_records_all_covered_already_leave_the_covered_mark_where_it_was():
+    """Two deposits committed in one transaction, the consumer offset not committed, a restart: they are
+    delivered again one at a time. The first alone is covered, skipped, and must not move the mark back (the
+    engine moves it only past what it decides); else the second was decided again and answered twice."""
+    bus, oracles = checked_bus(changelog_cuts="transaction")
+    send(bus, oracles, open_account(USER, "USDT"), USER)
+    bus.run()
+    for n in (1, 2):
+        send(bus, oracles, tx(f"dep-{n}", [("sys:world:USDT", -5, None, None), (USER, 5, None, None)]), USER)
+    partition = next(p for p in range(bus.n) if bus.pending(p))
+    bus.step(partition, records=2, commit_offset=False)
+    bus.crash_restore(partition)
+    bus.step(partition)
+    bus.step(partition)
+    oracles.check_quiet()
+    assert [r["command_id"] for r in bus.results if r["command_id"].startswith("dep-")] == ["dep-1", "dep-2"]
+
+
 # Found by the search: a trade placed in two partitions waits in both at the same offset, and the two waits had
 # one engine id (decided twice, for the P4 oracle) until the partition became part of it.
 PLACED_COPIES_WAIT_AT_ONE_OFFSET = [

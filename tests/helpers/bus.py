@@ -180,7 +180,9 @@ class Bus:
             written = changelog[:cut]
         self.changelogs[partition].extend(written)  # 4. changelog
         if transactional:  # the transaction commits: outputs, redo records and the covered mark at once
-            self.covered[partition] = start + len(batch)
+            # Never below the mark before: a batch of records all covered already decides nothing, and the
+            # engine then moves no mark (it covers only what it decided).
+            self.covered[partition] = max(self.covered[partition], start + len(batch))
         if crash is not None and crash.point == "changelog":
             return self._restart(partition, crash.fresh_store)
         if proc.state.has_staged:  # 5. state and changelog position, atomically
