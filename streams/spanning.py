@@ -210,7 +210,7 @@ class Spanning:
         if not shape and returning is not None:
             proc.reject_command(tx, *returning)
             return
-        refusals = shape or self._whole(tx)
+        refusals = shape or self.whole(tx)
         invalid = shape or [f for f in refusals if f[0] is Rejection.INVALID_COMMAND]
         if invalid:
             proc.reject_command(tx, *min(invalid))
@@ -250,7 +250,7 @@ class Spanning:
             self._send(key, "Decide", p, self._key_in(tx, p), tx.at_ms, {
                 "transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id, "commit": False})
 
-    def _whole(self, tx: core.PostTransaction) -> list[tuple[Rejection, str]]:
+    def whole(self, tx: core.PostTransaction) -> list[tuple[Rejection, str]]:
         """What the coordinator judges of the whole transaction before anything is reserved: double entry
         (P1), the rate snapshot it names and the conversion's amounts (streams/core/fx.py), and whether each
         partition's share fits one posting. A leg's currency is its account's where that account lives
@@ -400,7 +400,7 @@ class Spanning:
             if account is None:
                 failures.append((Rejection.UNKNOWN_ACCOUNT, f"account {leg.account_id} does not exist"))
             elif (self._currency(leg) or account.currency) != account.currency:
-                # The coordinator counted this leg in its stated currency (see _whole).
+                # The coordinator counted this leg in its stated currency (see whole).
                 failures.append((Rejection.CURRENCY_MISMATCH, f"{leg.account_id} is in {account.currency}"))
             elif leg.amount > 0:
                 credits[leg.account_id] = credits.get(leg.account_id, 0) + leg.amount
@@ -440,7 +440,7 @@ class Spanning:
                 failures += self._system_failures(key, tx, offset, at_ms)
         failures += refusals
         if not failures:
-            budget = self._over_budget(key, list(plain) + [a for a, _ in locks.values()] + list(credits), locks,
+            budget = self.over_budget(key, list(plain) + [a for a, _ in locks.values()] + list(credits), locks,
                                        credits, {paid: returned.amount for paid in _in_flight_on(returned)})
             failures = [] if budget is None else [budget]
         if failures:
@@ -748,7 +748,7 @@ class Spanning:
                     return True
         return False
 
-    def _over_budget(self, key: str, accounts: list[str], locks: dict[str, list],
+    def over_budget(self, key: str, accounts: list[str], locks: dict[str, list],
                      credits: dict[str, int],
                      returning: dict[str, int] | None = None) -> tuple[Rejection, str] | None:
         """The in-flight records a reservation rewrites (one list per account, one map per locked hold,

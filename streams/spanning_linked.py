@@ -7,7 +7,7 @@ command's id, marked, and a digest of every command's id and of its coordinator)
 over there).
 
 1. begin (coordinator): the judgements of each transaction as a whole that need no partition's state of
-   another (its shape, double entry, its rate, names internal to the ledger: spanning.Spanning._whole and
+   another (its shape, double entry, its rate, names internal to the ledger: spanning.Spanning.whole and
    refusal), then record ``b/K`` (the batch, the participants, their votes) and send ReserveLinked, with every
    transaction of the batch, to each other partition any of them touches. Its own share is reserved in place.
 2. ReserveLinked (participant): its shares (per transaction, the legs on its accounts, plus the coordinator's
@@ -188,7 +188,7 @@ class LinkedSpanning:
         failures: list[linked.Failure] = []
         for index, command in enumerate(commands):
             found = [refusals[index]] if refusals[index] is not None else []
-            found += core.transaction_shape_failures(command) or proc.spanning._whole(command)
+            found += core.transaction_shape_failures(command) or proc.spanning.whole(command)
             found += [r for r in [proc.spanning.refusal(command)] if r is not None]
             if not found and proc.spanning.waits(command):  # as in one partition: a batch cannot wait whole
                 found.append((Rejection.IN_FLIGHT, "it would wait for a transaction in flight, and a linked batch "
@@ -334,7 +334,7 @@ class LinkedSpanning:
         for account_id in dict.fromkeys(marked):
             records.append((f"k/{account_id}", [*(state.record(f"k/{account_id}") or []), key]))
         if not failures and shares:  # the in-flight records stay within what one redo record may hold
-            budget = proc.spanning._over_budget(key, list(first_touch), {}, dict(credited))
+            budget = proc.spanning.over_budget(key, list(first_touch), {}, dict(credited))
             if budget is not None:
                 failures.append((shares[0][0], *budget))
         if failures:  # nothing is staged: the holds' changes and these records are dropped
