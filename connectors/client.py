@@ -282,8 +282,9 @@ class LedgerClient:
         travel as one linked CommandBatch to the partition of the first, which decides them in order. One
         refused: none takes effect, it keeps its reason and every other is refused linked_failed naming it.
         Transactions may touch other partitions: the batch is then one unit of the two-phase protocol
-        (streams/spanning_linked.py); any other command must live in that partition (else every command is
-        refused linked_spans_partitions). Sent when the block ends; an exception sends nothing. Each command
+        (streams/spanning_linked.py), written to its coordinator and as a copy to each other partition they
+        touch, so each reserves at this client's position (P10); any other command must live in that
+        partition (else every command is refused linked_spans_partitions). Sent when the block ends; an exception sends nothing. Each command
         gets its own result, as usual (wait())."""
         if self._linking is not None:
             raise RuntimeError("already linking")
@@ -298,12 +299,18 @@ class LedgerClient:
 
     def _send_linked(self, items: list[tuple[dict[str, Any], str]]) -> None:
         encoded = [self._codec.encode("command", record) for record, _ in items]
-        value = self._codec.encode("command_batch", {"commands": encoded, "linked": True})
+        # Written to its coordinator and, as a copy naming it, to every other partition its transactions touch,
+        # so each reserves its share at this client's position there (placement.linked_placements).
+        coordinator, partitions = placement.linked_placements([record for record, _ in items], items[0][1],
+                                                              self.settings.partitions)
+        value = self._codec.encode("command_batch", {"commands": encoded, "linked": True,
+                                                     "coordinator": coordinator if len(partitions) > 1 else None})
         if len(value) > BATCH_MAX_BYTES:
             raise ClientValidationError(f"a linked batch of {len(value)} bytes; the limit is {BATCH_MAX_BYTES}")
         routing_key = routing.routing_key_for(routing.unsharded(items[0][1]))
         self.send_pending()  # what this client sent before goes first (P10)
-        self._produce(value, routing_key.encode(), routing.partition_for_key(routing_key, self.settings.partitions))
+        for partition in partitions:
+            self._produce(value, routing_key.encode(), partition)
         self._producer.poll(0)
         for (record, _), item in zip(items, encoded):
             self._answers.sent(record["command_id"], item)

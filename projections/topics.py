@@ -25,16 +25,21 @@ class TopicRecord:
     raw: bytes | None
     value: dict[str, Any] | None  # None when the bytes do not decode (a poison command; on other topics, corruption)
     index: int | None = None  # a command's place in the CommandBatch record it came in, if it did
+    # An item of a linked batch's copy: its record names another partition as the batch's coordinator (the
+    # producer placed it here so this partition reserves in order; the coordinator's record answers it).
+    copy: bool = False
 
 
-def _commands_of(c, raw: bytes | None) -> list[tuple[int | None, bytes | None]]:
-    """The commands a commands-topic record carries: itself, or each item of a CommandBatch."""
+def _commands_of(c, raw: bytes | None) -> tuple[list[tuple[int | None, bytes | None]], int | None]:
+    """The commands a commands-topic record carries (itself, or each item of a CommandBatch) and the coordinator
+    a linked batch names (None: none)."""
     if c.is_a("command_batch", raw):
         try:
-            return list(enumerate(c.decode("command_batch", raw)["commands"]))
+            batch = c.decode("command_batch", raw)
+            return list(enumerate(batch["commands"])), batch.get("coordinator") if batch["linked"] else None
         except DecodeError:
             pass  # an undecodable batch: one undecodable record, as the worker dead-letters it
-    return [(None, raw)]
+    return [(None, raw)], None
 
 
 def records_of(name: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
@@ -44,12 +49,14 @@ def records_of(name: str, partition: int, offset: int, timestamp_ms: int, key: b
     c = codec()
     schema = SCHEMA_OF_TOPIC[name]
     records = []
-    for index, item in (_commands_of(c, raw) if name == "commands" else [(None, raw)]):
+    items, coordinator = _commands_of(c, raw) if name == "commands" else ([(None, raw)], None)
+    for index, item in items:
         try:
             value = c.decode(schema, item)
         except DecodeError:
             value = None
-        records.append(TopicRecord(partition, offset, timestamp_ms, key, item, value, index))
+        records.append(TopicRecord(partition, offset, timestamp_ms, key, item, value, index,
+                                   copy=coordinator is not None and coordinator != partition))
     return records
 
 

@@ -6,7 +6,10 @@ shell supplies what the engine knows, in the order a single command meets it (st
 1. Each item is decoded and admitted as a client command (seal, authentication, limits, readable fields,
    then the client's policy, except for a command decided before: its stored answer stands, as for one
    sent alone). An item that fails is answered as it would be alone (dead letter or rejection).
-2. The due holds expire (log time), as before any decision.
+2. The due holds expire (log time), as before any decision. A batch naming another partition as its
+   coordinator is the producer's copy of a batch across partitions: its share here is reserved
+   (streams/spanning_linked.py, copy) and nothing is answered; an item that failed the checks of step 1 there
+   ends the copy (its client's policy is the coordinator's to apply, and answer).
 3. A producer's copy of a transaction placed in several partitions is its coordinator's to answer: not
    answered here, and the others are refused linked_spans_partitions. A retry of a transaction under way is
    answered when that transaction is decided (as alone), and the others are refused linked_failed.
@@ -49,7 +52,10 @@ class Linking:
     def __init__(self, proc: "PartitionProcessor"):
         self.proc = proc
 
-    def handle(self, offset: int, timestamp_ms: int, key: bytes | None, items: list[bytes]) -> None:
+    def handle(self, offset: int, timestamp_ms: int, key: bytes | None, items: list[bytes],
+               coordinator: int | None = None) -> None:
+        """coordinator: the partition the producer named to coordinate the batch (a batch across partitions it
+        also wrote, as copies, to the others its transactions touch); None: this one."""
         proc = self.proc
         records: list[tuple[int, dict | None]] = []
         for index, item in enumerate(items):
@@ -68,11 +74,21 @@ class Linking:
                 proc.reject(record["command_id"], record["client_id"], timestamp_ms, Rejection.INVALID_COMMAND, why)
 
         proc.guarded(offset, f"a linked batch of {len(items)} commands",
-                     lambda: self._decide(offset, timestamp_ms, items, records), refuse)
+                     lambda: self._decide(offset, timestamp_ms, items, records, coordinator), refuse)
 
     def _decide(self, offset: int, timestamp_ms: int, items: list[bytes],
-                records: list[tuple[int, dict | None]]) -> None:
+                records: list[tuple[int, dict | None]], coordinator: int | None) -> None:
         proc = self.proc
+        if coordinator is not None and not 0 <= coordinator < proc.partitions:
+            for index, record in records:
+                if record is not None:
+                    proc.position = f"{offset}.{index}"
+                    proc.reject(record["command_id"], record["client_id"], timestamp_ms, Rejection.INVALID_COMMAND,
+                                f"the linked batch names partition {coordinator} to coordinate it, which does not "
+                                f"exist")
+            return
+        # A copy of a batch across partitions the producer also wrote to its coordinator (placement.linked_placements).
+        copy = coordinator is not None and coordinator != proc.partition
         commands: list[tuple[int, core.Command]] = []
         failure: tuple[core.Command | None, str] | None = None  # the first item that failed: (it, detail)
         for index, record in records:
@@ -93,13 +109,19 @@ class Linking:
             # before its client's policy is read again.
             refusal = None if self._seen(admitted) else proc.not_permitted(admitted)
             if refusal is not None and failure is None:
-                proc.reject_command(admitted, Rejection.NOT_PERMITTED, refusal)
+                if not copy:  # (a copy's commands are the coordinator's to answer)
+                    proc.reject_command(admitted, Rejection.NOT_PERMITTED, refusal)
                 failure = (admitted, linked.failed(admitted.command_id, Rejection.NOT_PERMITTED.code))
             commands.append((index, admitted))
         if failure is not None:
-            self._refuse_others(offset, commands, *failure)
+            if not copy:  # a copy reserves nothing: the coordinator judges the same commands and answers them
+                self._refuse_others(offset, commands, *failure)
             return
         proc.expire_due(offset, timestamp_ms)
+        if copy:  # this partition reserves its share now, at the producer's position; the coordinator answers
+            proc.position = f"{offset}.{commands[0][0]}"
+            proc.linked_spanning.copy(offset, [command for _, command in commands], coordinator)
+            return
         self._judge(offset, commands)
 
     def _seen(self, command: core.Command) -> bool:

@@ -511,7 +511,7 @@ class PartitionProcessor:
                 return
             items = batch["commands"]
             if items and batch["linked"]:  # all or nothing (streams/linking.py)
-                self.linking.handle(offset, timestamp_ms, key, items)
+                self.linking.handle(offset, timestamp_ms, key, items, batch.get("coordinator"))
                 return
             if not items:
                 if self._is_sealed():  # a worker's tick (streams/ticks.py): log time moves, due holds expire
@@ -715,7 +715,10 @@ class PartitionProcessor:
         time decided them the first time)."""
         if offset < self.state.applied_offset():  # (the same offset: the other commands of one batch record)
             return
-        if self.spanning.expire_copies(offset, now_ms):
+        due = self.spanning.expire_copies(offset, now_ms)
+        if due:
+            for key in due:
+                self.linked_spanning.expire_copy(key, offset, now_ms)
             self.spanning.drain(offset)
         for _, hold_id in self.state.expiries.take_due(now_ms):
             hold = self.state.hold(hold_id)

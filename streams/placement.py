@@ -23,6 +23,7 @@ from streams.routing import is_system, partition_for_key, partition_of_account, 
 PLACED = "ledger.placed"
 PLACED_VALUE = "every-partition"
 PLACED_BEFORE = "every-debit-partition"  # the same mark from producers that placed copies in debit partitions only
+_TRANSACTION = "ledger.PostTransaction"  # a command record's body name for a transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,7 @@ def placements(record: dict, routing_account: str, partitions: int) -> tuple[dic
     of its routing account."""
     default = partition_for_key(routing_key_for(unsharded(routing_account)), partitions)
     name, body = record["body"]
-    if name != "ledger.PostTransaction":
+    if name != _TRANSACTION:
         return record, [default]
 
     def home(account: str) -> int | None:
@@ -88,6 +89,23 @@ def placements(record: dict, routing_account: str, partitions: int) -> tuple[dic
     metadata = {**(body.get("metadata") or {}), PLACED: PLACED_VALUE}
     others = [p for p in where.participants if p != where.coordinator]
     return {**record, "body": (name, {**body, "metadata": metadata})}, [where.coordinator, *others]
+
+
+def linked_placements(records: Sequence[dict], routing_account: str, partitions: int) -> tuple[int, list[int]]:
+    """Where a producer writes a linked batch: (its coordinator, the partitions to write, the coordinator
+    first). The coordinator is the partition of the first command's routing account; a batch whose
+    transactions touch other partitions goes to each of them too, as a copy naming that coordinator, so every
+    partition it touches reserves its share at the producer's own position (P10, docs/wallet-operations.md).
+    A batch holding anything but transactions is the coordinator's to refuse: written there only."""
+    coordinator = partition_for_key(routing_key_for(unsharded(routing_account)), partitions)
+    if any(record["body"][0] != _TRANSACTION for record in records):
+        return coordinator, [coordinator]
+
+    def home(account: str) -> int | None:
+        return None if is_system(account) else partition_of_account(account, partitions)
+
+    touched = {p for record in records for p in plan(wire_legs(record["body"][1]), home).participants}
+    return coordinator, [coordinator, *sorted(touched - {coordinator})]
 
 
 def is_placed(metadata: tuple[tuple[str, str], ...]) -> bool:

@@ -616,10 +616,10 @@ class Spanning:
                                 records=[*self._dropped(key, reservation), *self._without_timeout(key)])
         self._reindex(reservation)
 
-    def expire_copies(self, offset: int, now_ms: int) -> bool:
+    def expire_copies(self, offset: int, now_ms: int) -> list[str]:
         """Reservations of copies whose Reserve has not come within COPY_WAIT_MS of log time are dropped (the
         coordinator never got the command: a producer that died between its sends, or one that wrote a copy
-        only). True if one was dropped."""
+        only). Returns the keys that fell due (a linked batch's copy among them is LinkedSpanning's to drop)."""
         due = self.state.copy_dues.take_due(now_ms)  # checked on every command: the earliest only
         timeouts = self.state.record(COPY_TIMEOUTS)
         if timeouts:  # written by an earlier version, until it empties
@@ -627,14 +627,12 @@ class Spanning:
                 self._earliest = (timeouts, min(t for t, _ in timeouts))
             if self._earliest[1] <= now_ms:
                 due = sorted(due + [(t, k) for t, k in timeouts if t <= now_ms])
-        if not due:
-            return False
         for _, key in due:
             reservation = self._reservation(key)
             if reservation is not None and reservation.copy:
                 self._unreserve(key, reservation, names.step_id(key, "copyexpired", self.proc.partition), offset,
                                 now_ms)
-        return True
+        return [key for _, key in due]
 
     # --- commands that wait for transactions in flight -----------------------------------------------------
     def _keys(self, command: core.Command) -> list[str]:

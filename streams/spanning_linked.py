@@ -30,6 +30,11 @@ over there).
    from its home's inbox. What was reserved cannot be refused: the hold kept the lowest point of each
    running sum available, a freeze or close waits meanwhile, and credits to a capped account wait.
 
+A producer's copy of the batch (the same record written to another partition it touches, naming the
+coordinator: placement.linked_placements) is judged and reserved there as ReserveLinked would be, at the
+producer's position (P10), and answers nothing; ReserveLinked then votes with what the copy reserved or refused.
+A copy whose ReserveLinked has not come within COPY_WAIT_MS of log time is dropped (copy, expire_copy).
+
 A retry of the whole batch at the coordinator is answered when the batch is decided (in flight) or from
 the decision's inbox entry ``K~decided`` (afterwards), as duplicates; a retry of one of its commands at its
 home is counted in ``q/K`` and answered when the batch is decided there. Every step's state is written in
@@ -44,7 +49,9 @@ from typing import TYPE_CHECKING, Any
 
 from streams import core, names, placement, routing
 from streams.core import Leg, Rejection, linked, returns, settlement
+from streams.inflight import copy_due_key
 from streams.routing import ENGINE_CLIENT
+from streams.spanning import COPY_WAIT_MS  # a batch's copy waits for its ReserveLinked as a transaction's does
 from streams.wire import (command_from_wire, command_record, command_to_wire, holds_to_wire, rejection_to_wire,
                           result_to_wire)
 
@@ -55,6 +62,7 @@ LINKED_STEP_KINDS = frozenset({"ReserveLinked", "VoteLinked", "DecideLinked"})
 _BATCH = "b/"  # the coordinator's record of a batch: b/<K>
 _SHARE = "q/"  # a participant's record of its share: q/<K>
 _ITEM = "li/"  # a transaction of a batch in flight, at its home: li/<client>/<id> -> K
+_COPY_TAG = "~copy"  # marks the internal holds a copy placed: a ReserveLinked after the copy's wait ended holds anew
 # Ends the detail of a vote refusing a transaction whose answer is not the batch's to give (decided before, or in
 # flight alone or in another batch): its home answers it by that decision, and a retry of the batch leaves it out.
 ANSWERED_ELSEWHERE = "; it keeps the answer of its own decision"
@@ -179,7 +187,7 @@ class LinkedSpanning:
         proc = self.proc
         name = batch_name(commands, proc.partition)
         key = names.transaction_key(commands[0].client_id, name)
-        items = [[c.client_id, c.command_id, proc.fingerprint(c)] for c in commands]
+        items = self._items(commands)
         stored = self.state.record(_BATCH + key)
         decided = self.state.change_record(ENGINE_CLIENT, names.step_id(key, "decided"))
         if stored is not None or decided is not None:
@@ -236,9 +244,62 @@ class LinkedSpanning:
         proc.commit_change(ENGINE_CLIENT, retry_id, "", offset, _accepted(retry_id, at_ms, "answered when decided"),
                            records=[(_BATCH + key, {**stored, "retries": stored["retries"] + 1})])
 
+    def _items(self, commands: list[core.Command]) -> list[list[str]]:
+        """Of a batch: each command's client, id and fingerprint, in order (what _fingerprint digests)."""
+        return [[c.client_id, c.command_id, self.proc.fingerprint(c)] for c in commands]
+
+    # --- the producer's copies: reserve at the copy's own position (P10) ----------------------------------------
+    def copy(self, offset: int, commands: list[core.Command], coordinator: int) -> None:
+        """The producer's copy of a batch across partitions, written here besides its coordinator
+        (placement.linked_placements): this partition judges and reserves its share now, at the producer's
+        position among its commands, as ReserveLinked would, and votes with that when ReserveLinked comes. The
+        coordinator answers every command. A copy whose ReserveLinked has not come within COPY_WAIT_MS of log
+        time is dropped (expire_copy)."""
+        proc, state = self.proc, self.state
+        transactions = [c for c in commands if isinstance(c, core.PostTransaction)]
+        key = names.transaction_key(commands[0].client_id, batch_name(commands, coordinator))
+        copy_id = names.step_id(key, "copy", proc.partition)
+        at_ms = commands[0].at_ms
+        if state.change_record(ENGINE_CLIENT, copy_id) is not None:
+            return  # the copy sent again (a retry): its effect exists, the coordinator answers
+        late = state.record(_SHARE + key) is not None or \
+            state.change_record(ENGINE_CLIENT, names.step_id(key, "reservelinked", proc.partition)) is not None
+        if late or self.outside_scope(commands) is not None or \
+                proc.partition not in {p for c in transactions for p in self._participants(c)}:
+            # ReserveLinked came first, or a batch the coordinator refuses whole, or none of it lives here.
+            proc.commit_change(ENGINE_CLIENT, copy_id, "", offset, _accepted(copy_id, at_ms, "nothing to reserve"))
+            return
+        vote, records, held = self._reserve(key, transactions, coordinator, at_ms, offset, _COPY_TAG)
+        copied = {"copy": _fingerprint(self._items(transactions)), "vote": _vote(vote)}
+        records = [(name, {**value, **copied} if name == _SHARE + key else value) for name, value in records]
+        records.append((copy_due_key(at_ms + COPY_WAIT_MS, key), 1))
+        proc.commit_change(ENGINE_CLIENT, copy_id, "", offset,
+                           _accepted(copy_id, at_ms, "reserved" if vote is None else "refused",
+                                     held.get("holds", ())), records=records, **held)
+
+    def expire_copy(self, key: str, offset: int, now_ms: int) -> None:
+        """A copy's reservation whose ReserveLinked has not come within COPY_WAIT_MS of log time is dropped (the
+        coordinator never got the batch: a producer that died between its writes, or one that wrote a copy
+        only). Nothing is answered: the batch was never decided. Not a linked copy's key: nothing."""
+        share = self.state.record(_SHARE + key)
+        if share is not None and share.get("copy") is not None:
+            self._drop(key, share, names.step_id(key, "copyexpired", self.proc.partition), offset, now_ms)
+
+    def _drop(self, key: str, share: dict, command_id: str, offset: int, at_ms: int) -> None:
+        """A copy's reservation undone: its holds released, its records and marks gone, its wait ended."""
+        for hold_id, account_id, _ in share["holds"]:
+            self.proc.execute(core.ReleaseHold(command_id=names.step_id(key, "uncopy", account_id),
+                                               client_id=ENGINE_CLIENT, at_ms=at_ms, hold_id=hold_id), offset)
+        self.proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
+                                records=[*self._ended(key, share), *self._wait_ended(key)])
+
+    def _wait_ended(self, key: str) -> list[tuple[str, Any]]:
+        due = self.state.copy_dues.get(key)
+        return [] if due is None else [(copy_due_key(due, key), None)]
+
     # --- step 2 ----------------------------------------------------------------------------------------------
-    def _reserve(self, key: str, commands: list[core.PostTransaction], coordinator: int, at_ms: int, offset: int
-                 ) -> tuple[linked.Failure | None, list[tuple[str, Any]], dict[str, Any]]:
+    def _reserve(self, key: str, commands: list[core.PostTransaction], coordinator: int, at_ms: int, offset: int,
+                 tag: str = "") -> tuple[linked.Failure | None, list[tuple[str, Any]], dict[str, Any]]:
         """This partition's share of the batch judged in order and, if it all fits, reserved. Returns (the
         first failure, the engine records to write, the internal holds' writes for commit_change)."""
         proc, state = self.proc, self.state
@@ -287,10 +348,10 @@ class LinkedSpanning:
                 failure = (shares[refused[0]][0], refused[1], refused[2])
         if failure is not None:
             return failure, [*marks, (_SHARE + key, record)], {}
-        return self._hold(key, commands, shares, record, marks, at_ms, offset)
+        return self._hold(key, commands, shares, record, marks, at_ms, offset, tag)
 
     def _hold(self, key: str, commands: list[core.PostTransaction], shares: list[tuple[int, core.PostTransaction]],
-              record: dict, marks: list, at_ms: int, offset: int
+              record: dict, marks: list, at_ms: int, offset: int, tag: str
               ) -> tuple[linked.Failure | None, list[tuple[str, Any]], dict[str, Any]]:
         proc, state = self.proc, self.state
         ordinary = [[(leg.account_id, leg.amount) for leg in share.legs if not routing.is_system(leg.account_id)]
@@ -304,8 +365,8 @@ class LinkedSpanning:
         placed, credited, failures, marked = [], [], [], []
         for account_id, (take, add) in linked.exposure(ordinary).items():
             if take:
-                hold = core.PlaceHold(command_id=names.step_id(key, "hold", account_id), client_id=ENGINE_CLIENT,
-                                      at_ms=at_ms, hold_id=names.internal_hold(key, account_id),
+                hold = core.PlaceHold(command_id=names.step_id(key + tag, "hold", account_id), client_id=ENGINE_CLIENT,
+                                      at_ms=at_ms, hold_id=names.internal_hold(key, account_id, tag),
                                       account_id=account_id, amount=take)
                 # One hold per account, so no hold's decision reads an account another one changed (unstaged).
                 result, changes = core.execute(state, hold, proc.currencies)
@@ -424,7 +485,16 @@ class LinkedSpanning:
         key = names.transaction_key(body["batch_client_id"], body["batch_command_id"])
         if kind == "ReserveLinked":
             commands = [self._transaction(item, at_ms) for item in body["items"]]
-            vote, records, held = self._reserve(key, commands, body["coordinator_partition"], at_ms, offset)
+            share = self.state.record(_SHARE + key)
+            if share is not None and share.get("copy") == _fingerprint(self._items(commands)):
+                # Reserved (or refused) already where the producer's copy stood: that is this partition's vote.
+                vote, held = _failure(share["vote"]), {}
+                records = [(_SHARE + key, {k: v for k, v in share.items() if k not in ("copy", "vote")}),
+                           *self._wait_ended(key)]
+            else:
+                if share is not None and share.get("copy") is not None:  # a copy of other payloads: undone
+                    self._drop(key, share, names.step_id(key, "uncopy", proc.partition), offset, at_ms)
+                vote, records, held = self._reserve(key, commands, body["coordinator_partition"], at_ms, offset)
             proc.commit_change(ENGINE_CLIENT, command_id, "", offset,
                                _accepted(command_id, at_ms, "", held.get("holds", ())), records=records, **held)
             vote = _vote(vote)
@@ -542,10 +612,18 @@ class LinkedSpanning:
                 proc.commit_change(command.client_id, command.command_id, proc.fingerprint(command), offset, answer)
             for _ in range(retries.get(str(i), 0)):
                 proc.emit_result({**answer, "duplicate": True})
+        proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
+                           records=self._ended(key, share))
+        proc.spanning.drain(offset)
+
+    def _ended(self, key: str, share: dict) -> list[tuple[str, Any]]:
+        """The engine records without this partition's share of batch K: its record, its marks."""
+        state = self.state
         records: list[tuple[str, Any]] = [(_SHARE + key, None)]
-        records += [(_ITEM + names.transaction_key(commands[i].client_id, commands[i].command_id), None)
-                    for i in share["homes"] if self.state.record(_ITEM + names.transaction_key(
-                        commands[i].client_id, commands[i].command_id)) == key]
+        for i in share["homes"]:
+            item = _ITEM + names.transaction_key(*share["items"][i][:2])
+            if state.record(item) == key:
+                records.append((item, None))
         # Every account it marked (one whose running sum never left zero has neither a hold nor a credit; a
         # share recorded before "marked" was kept names the accounts of its holds and credits).
         marked = share.get("marked", [a for _, a, _ in share["holds"]] + [a for a, _ in share["credits"]])
@@ -555,5 +633,4 @@ class LinkedSpanning:
         for account_id, _ in share["credits"]:
             rest = {k: v for k, v in (state.record(f"n/{account_id}") or {}).items() if k != key}
             records.append((f"n/{account_id}", rest or None))
-        proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms), records=records)
-        proc.spanning.drain(offset)
+        return records

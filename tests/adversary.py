@@ -5,7 +5,8 @@ with a plain confluent-kafka producer, as an attacker would:
 
 - ``random_bytes``: random bytes, some starting with the Avro marker or a real schema fingerprint;
 - ``truncated`` / ``mutated``: valid commands cut short, or with bytes flipped, inserted or deleted;
-- ``batches``: CommandBatch envelopes of valid, broken and foreign items, cut or mutated, empty, nested;
+- ``batches``: CommandBatch envelopes of valid, broken and foreign items, cut or mutated, empty, nested,
+  linked ones naming a coordinator (so read as copies elsewhere), one that does not exist included;
 - ``kinds``: every command and engine-step kind (Reserve, Vote, Decide included), under the engine's own
   client id against the valid users' accounts (forgeries: must all be refused) and under other client ids
   against the fuzzer's own accounts, with and without a made-up seal header;
@@ -248,7 +249,10 @@ class Noise:
                 items.append(self._forgery()[1])
             else:
                 items.append(bytes(rng.randrange(256) for _ in range(rng.randint(0, 40))))
-        value = C.encode("command_batch", {"commands": items, "linked": rng.random() < 0.5})
+        linked = rng.random() < 0.5
+        # A linked batch may name a coordinator (a copy anywhere else), one that does not exist included.
+        coordinator = rng.choice([None, None, 0, 1, self.partitions - 1, -1, 2**31 - 1]) if linked else None
+        value = C.encode("command_batch", {"commands": items, "linked": linked, "coordinator": coordinator})
         if rng.random() < 0.3:
             value = value[:rng.randint(10, max(10, len(value) - 1))]
         return value

@@ -70,3 +70,35 @@ def test_linked_commands_post_all_or_nothing(settings, start_worker):
         assert report.ok, format_report(report)
     finally:
         client.close()
+
+
+def test_a_freeze_sent_right_after_a_linked_batch_across_partitions_never_overtakes_it(settings, start_worker):
+    """P10 through the broker: each batch credits an account in another partition and spends part of it there,
+    and the producer freezes that account right after, without waiting. The client writes the batch to its
+    coordinator and a copy to the other partition, so the copy is ahead of the freeze there: every batch posts,
+    then every freeze applies. (Written to the coordinator only, the freeze is read first and the batch fails.)"""
+    start_worker(extra_env={"LEDGER_TICK_S": "0"})
+    client = LedgerClient(settings, "wallet")
+    home = routing.partition_of_account("user:lp:USD", settings.partitions)
+    others = [f"user:lp{i}:USD" for i in range(200)
+              if routing.partition_of_account(f"user:lp{i}:USD", settings.partitions) != home][:6]
+    try:
+        opened = [client.open_account(a, "USD") for a in ["user:lp:USD", *others]]
+        opened.append(client.post("lp-dep", [Leg("sys:world:USD", -600), Leg("user:lp:USD", 600)], kind="deposit"))
+        assert {outcome(r) for r in client.wait(opened).values()} == {"accepted"}
+        sent, freezes = [], []
+        for i, other in enumerate(others):
+            with client.linked():
+                sent += [client.post(f"lp-{i}-in", [Leg("user:lp:USD", -100), Leg(other, 100)]),
+                         client.post(f"lp-{i}-back", [Leg(other, -40), Leg("user:lp:USD", 40)])]
+            freezes.append(client.account_command("FreezeAccount", other, command_id=f"lp-{i}-freeze"))
+        answers = client.wait(sent + freezes)
+        assert {i: outcome(answers[i]) for i in sent + freezes} == {i: "accepted" for i in sent + freezes}
+        assert wait_quiescent(settings)
+        balances = latest_balances(settings)
+        assert [balances[a]["posted"] for a in ["user:lp:USD", *others]] == [str(600 - 60 * len(others))] + \
+            ["60"] * len(others)
+        report = verify(settings)
+        assert report.ok, format_report(report)
+    finally:
+        client.close()

@@ -162,9 +162,9 @@ def test_while_in_flight_the_money_is_reserved_and_a_command_of_the_batch_sent_a
 @pytest.mark.parametrize("changelog_cuts", ["between_records", "anywhere", "transaction"])
 def test_linked_batches_across_partitions_keep_every_promise_through_crashes(seed, changelog_cuts):
     """Linked batches of transfers among accounts of three partitions (with fees to a system account, some
-    unfundable, some sent again), amid single transfers, while the bus delivers in a random order with crashes
-    and restarts: every promise's oracle holds after every step and once quiet, and each batch is all or
-    nothing, every command of it answered once."""
+    unfundable, some sent again, half of them with copies placed), amid single transfers, while the bus delivers
+    in a random order with crashes and restarts: every promise's oracle holds after every step and once quiet,
+    and each batch is all or nothing, every command of it answered once."""
     rng = random.Random(seed)
     bus, oracles = checked_bus(changelog_cuts=changelog_cuts)
     accounts = [a for p in range(3) for a in local_users(2, partition=p)]
@@ -202,7 +202,10 @@ def test_linked_batches_across_partitions_keep_every_promise_through_crashes(see
             first_payer = C.decode("command", items[0])["body"][1]["legs"][0]["account_id"]
             value, account = linked(*items), first_payer
             sent.append((value, account))
-            bus.send(value, account)
+            if rng.random() < 0.5:  # as LedgerClient writes it: copies to the other partitions it touches
+                bus.send_linked_placed(value, account)
+            else:
+                bus.send(value, account)
             for _ in range(rng.choice((0, 1, 2))):
                 bus.tick(rng, **CHAOS)
                 oracles.check_step()

@@ -125,6 +125,21 @@ class Bus:
             self.send_to(partition, encoded, at_ms, routing.routing_key_for(account).encode())
         return partitions
 
+    def send_linked_placed(self, value: bytes, account: str, at_ms: int | None = None) -> list[int]:
+        """As LedgerClient sends a linked batch: to its coordinator and, as a copy naming it, to each other
+        partition its transactions touch, all at one send time (streams.placement.linked_placements). Returns
+        the partitions written, the coordinator first."""
+        batch = C.decode("command_batch", value)
+        records = [C.decode("command", item) for item in batch["commands"]]
+        coordinator, partitions = placement.linked_placements(records, account, self.n)
+        encoded = C.encode("command_batch", {**batch, "coordinator": coordinator if len(partitions) > 1 else None})
+        if at_ms is None:
+            self.clock += 1
+            at_ms = self.clock
+        for partition in partitions:
+            self.send_to(partition, encoded, at_ms, routing.routing_key_for(account).encode())
+        return partitions
+
     def send_to(self, partition: int, value: bytes, at_ms: int | None = None, key: bytes = b"k") -> None:
         if at_ms is None:
             self.clock += 1

@@ -1,0 +1,211 @@
+"""A linked batch across partitions written, as LedgerClient writes it, to its coordinator and as a copy to every
+other partition its transactions touch (placement.linked_placements): each partition reserves its share at the
+producer's own position, so a command the producer sends after the batch never overtakes it there (P10).
+Broker-free, through eight partition processors (tests/helpers/bus.py)."""
+from __future__ import annotations
+
+from streams import routing
+from streams.spanning import COPY_WAIT_MS
+from tests.helpers.bus import C, Bus, assert_books_balance
+from tests.helpers.records import N, command, linked, local_users, open_account, transfer
+
+X1, X2 = local_users(2, partition=0)
+Y1, Y2 = local_users(2, partition=1)
+EVERYONE = (X1, X2, Y1, Y2)
+
+
+def funded(y1: int = 0) -> Bus:
+    """X1 holds 1,000 in partition 0, Y1 holds y1 in partition 1; X2 (partition 0) and Y2 (partition 1) are empty."""
+    bus = Bus()
+    for account in EVERYONE:
+        bus.send(open_account(account), account)
+    bus.send(transfer("dep", ("sys:world:USD", -1_000), (X1, 1_000)), X1)
+    if y1:
+        bus.send(transfer("dep-y", ("sys:world:USD", -y1), (Y1, y1)), Y1)
+    bus.run()
+    return bus
+
+
+def balances(bus: Bus) -> dict[str, tuple[int, int]]:
+    return {a: bus.account(a) for a in EVERYONE}
+
+
+def answers(bus: Bus, *ids: str) -> list[tuple]:
+    """(id, outcome, reason, duplicate) of each answer to these commands, in the order of ids (for each id, as
+    emitted)."""
+    found = [(r["command_id"], r["outcome"], r["reason"], r["duplicate"]) for r in bus.results
+             if r["command_id"] in ids]
+    return sorted(found, key=lambda a: (a[3], ids.index(a[0])))
+
+
+def engine_records(bus: Bus) -> list[bytes]:
+    return [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/")]
+
+
+def spending_what_came_first() -> bytes:
+    """X1 pays Y1 600 (partition 0 to 1), then Y1 pays X2 500 of it (1 to 0)."""
+    return linked(transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y1, -500), (X2, 500)))
+
+
+def freeze(account: str, command_id: str = "fz") -> bytes:
+    return command(command_id, "FreezeAccount", {"account_id": account})
+
+
+def test_the_batch_is_written_to_its_coordinator_and_as_a_copy_to_the_other_partition():
+    bus = funded()
+    assert bus.send_linked_placed(spending_what_came_first(), X1) == [0, 1]
+    copy = C.decode("command_batch", bus.logs[1][-1].value)
+    assert (copy["linked"], copy["coordinator"]) == (True, 0)
+    assert bus.logs[0][-1].value == bus.logs[1][-1].value, "the same bytes everywhere"
+    # A batch in one partition, or one holding more than transactions, goes to one partition and names none.
+    assert bus.send_linked_placed(linked(transfer("n1", (X1, -1), (X2, 1))), X1) == [0]
+    assert C.decode("command_batch", bus.logs[0][-1].value)["coordinator"] is None
+    assert bus.send_linked_placed(linked(open_account("user:zz:USD"), transfer("n2", (X1, -1), (Y1, 1))), X1) == [0]
+    bus.run()
+
+
+def test_a_freeze_sent_after_the_batch_waits_for_it_in_the_other_partition():
+    """The producer sends the batch, then freezes Y1. Partition 1 reads the copy first: Y1's share is reserved
+    at the producer's position, so the freeze waits for the batch's decision and Y1 spends the 600 it got."""
+    bus = funded()
+    bus.send_linked_placed(spending_what_came_first(), X1)
+    bus.send(freeze(Y1), Y1)
+    bus.step(1)  # the copy: partition 1 reserves its share (nothing answered)
+    assert not bus.results[-1:] or bus.results[-1]["command_id"] not in ("l1", "l2")
+    bus.step(1)  # the freeze: waits
+    assert not answers(bus, "fz", "l1", "l2")
+    bus.run()
+    assert answers(bus, "l1", "l2", "fz") == [("l1", "accepted", None, False), ("l2", "accepted", None, False),
+                                              ("fz", "accepted", None, False)]
+    assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_without_the_copy_the_same_freeze_overtakes_the_batch_and_the_batch_fails():
+    """The same sends with the batch written to its coordinator only: the freeze is decided in partition 1
+    before the coordinator's ReserveLinked arrives there, and the batch is refused (what the copy prevents)."""
+    bus = funded()
+    bus.send(spending_what_came_first(), X1)
+    bus.send(freeze(Y1), Y1)
+    bus.step(1)
+    bus.run()
+    assert [a[:3] for a in answers(bus, "fz", "l1", "l2")] == [
+        ("fz", "accepted", None), ("l1", "rejected", "linked_failed"), ("l2", "rejected", "account_frozen")]
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
+
+
+def test_a_copy_that_cannot_reserve_is_its_partition_s_vote():
+    """Y1 holds 100; the batch's second transaction takes 500 from Y2, who has nothing: the copy refuses at the
+    producer's position and the coordinator's ReserveLinked gets that vote. Nothing moves anywhere."""
+    bus = funded(y1=100)
+    bus.send_linked_placed(linked(transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y2, -500), (X2, 500))), X1)
+    bus.step(1)  # the copy refuses: nothing held
+    assert bus.account(Y1) == (100, 0)
+    bus.run()
+    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "rejected", "linked_failed"),
+                                                          ("l2", "rejected", "insufficient_funds")]
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_the_copy_holds_what_its_share_takes_until_the_decision():
+    """Y1 holds 100 and the batch takes 80 of it first (to X2), then credits it 600 from X1: the copy holds 80 of
+    Y1 at once, before the coordinator has read the batch; a payment of 50 from Y1 sent after the batch is then
+    refused (only 20 is free), as it would be were the batch decided first... and the batch posts."""
+    bus = funded(y1=100)
+    bus.send_linked_placed(linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600))), X1)
+    bus.send(transfer("after", (Y1, -50), (Y2, 50)), Y1)
+    bus.step(1)
+    assert bus.account(Y1) == (100, 80)
+    bus.step(1)
+    assert answers(bus, "after") == [("after", "rejected", "insufficient_funds", False)]
+    bus.run()
+    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
+    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_copy_whose_coordinator_never_got_the_batch_is_dropped_after_its_wait_unanswered():
+    """The producer wrote the copy only (it died before writing to the coordinator): partition 1 holds Y1's
+    share until COPY_WAIT_MS of its log time has passed, then drops it. Nothing is answered (nothing was
+    decided); the batch sent again later is decided in full."""
+    bus = funded(y1=100)
+    batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
+    bus.run()
+    assert bus.account(Y1) == (100, 80) and not answers(bus, "l1", "l2")
+    sent_at = bus.clock
+    bus.send(transfer("later", (Y2, 0), (Y1, 0)), Y1, at_ms=sent_at + COPY_WAIT_MS - 1)  # any command moves log time
+    bus.run()
+    assert bus.account(Y1) == (100, 80), "not due yet"
+    bus.send(transfer("later-2", (Y2, 0), (Y1, 0)), Y1, at_ms=sent_at + COPY_WAIT_MS + 1)
+    bus.run()
+    assert bus.account(Y1) == (100, 0)
+    assert not answers(bus, "l1", "l2") and not engine_records(bus)
+    bus.send_linked_placed(batch, X1)
+    bus.run()
+    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
+    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_copy_read_after_the_coordinator_s_reserve_reserves_nothing_more():
+    bus = funded(y1=100)
+    batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    bus.send_to(0, placed, key=routing.routing_key_for(X1).encode())
+    bus.step(0)  # begun: ReserveLinked is in partition 1's log before the copy
+    bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
+    bus.run()
+    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
+    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+
+
+def test_a_copy_of_other_payloads_under_the_batch_s_ids_is_undone_when_the_real_batch_reserves():
+    """A copy naming the same commands with another amount (the producer's own forgery: the ids are its own)
+    holds 90 of Y1; the coordinator's ReserveLinked carries the batch it read, so partition 1 undoes the copy's
+    reservation and reserves the real share."""
+    bus = funded(y1=100)
+    real = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    other = linked(transfer("l1", (Y1, -90), (X2, 90)), transfer("l2", (X1, -600), (Y1, 600)))
+    key = routing.routing_key_for(X1).encode()
+    for partition, value in ((1, other), (0, real)):
+        bus.send_to(partition, C.encode("command_batch", {**C.decode("command_batch", value), "coordinator": 0}),
+                    key=key)
+    bus.step(1)
+    assert bus.account(Y1) == (100, 90)
+    bus.run()
+    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
+    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_the_copy_sent_again_and_the_batch_sent_again_change_nothing_twice():
+    bus = funded(y1=100)
+    batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    bus.send_linked_placed(batch, X1)
+    bus.send_linked_placed(batch, X1)
+    bus.run()
+    assert [a for a in answers(bus, "l1", "l2")] == [
+        ("l1", "accepted", None, False), ("l2", "accepted", None, False),
+        ("l1", "accepted", None, True), ("l2", "accepted", None, True)]
+    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+
+
+def test_a_batch_naming_a_coordinator_that_does_not_exist_is_refused_whole():
+    bus = funded()
+    batch = linked(transfer("l1", (X1, -1), (Y1, 1)), transfer("l2", (X1, -1), (X2, 1)))
+    bus.send_to(0, C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": N}))
+    bus.run()
+    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "rejected", "invalid_command"),
+                                                          ("l2", "rejected", "invalid_command")]
+    assert f"names partition {N} to coordinate it" in bus.result("l1")["detail"]
+    assert balances(bus)[X1] == (1_000, 0)
