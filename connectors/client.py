@@ -284,8 +284,8 @@ class LedgerClient:
         Transactions may touch other partitions: the batch is then one unit of the two-phase protocol
         (streams/spanning_linked.py), written to its coordinator and as a copy to each other partition they
         touch, so each reserves at this client's position (P10); any other command must live in that
-        partition (else every command is refused linked_spans_partitions). Sent when the block ends; an exception sends nothing. Each command
-        gets its own result, as usual (wait())."""
+        partition (else every command is refused linked_spans_partitions). Sent when the block ends; an
+        exception sends nothing. Each command gets its own result, as usual (wait())."""
         if self._linking is not None:
             raise RuntimeError("already linking")
         self._linking = []
