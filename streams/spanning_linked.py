@@ -92,12 +92,26 @@ def _fingerprint(items: list) -> str:
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()
 
 
-def _decision(wire: dict[str, Any]) -> linked.Failure | None:
-    """The failure a batch's decision step names (its detail: ``item <index>: <detail>``), None: committed."""
+def _decision_detail(failure: linked.Failure, own: list[int]) -> str:
+    """The detail of a failed batch's decision step: ``item <index>: <detail>``, or with the items that keep a
+    decision of their own, ``item <index>; own <i>,<j>: <detail>`` (read back by _decision)."""
+    mark = f"; own {','.join(map(str, own))}" if own else ""
+    return f"item {failure[0]}{mark}: {failure[2]}"
+
+
+def _decision(wire: dict[str, Any]) -> tuple[linked.Failure | None, list[int]]:
+    """The failure a batch's decision step names (None: committed) and the items that keep a decision of their
+    own (_decision_detail)."""
     if wire["outcome"] == "accepted":
-        return None
-    index, _, detail = wire["detail"].removeprefix("item ").partition(": ")
-    return int(index), Rejection.from_code(wire["reason"]), detail
+        return None, []
+    head, _, detail = wire["detail"].removeprefix("item ").partition(": ")
+    index, _, own = head.partition("; own ")
+    return (int(index), Rejection.from_code(wire["reason"]), detail), [int(i) for i in own.split(",") if i]
+
+
+def _own(records: list[tuple[str, Any]], key: str) -> list[int]:
+    """The items a participant's share of batch K keeps a decision of their own for (its q/K record's "own")."""
+    return next((value.get("own", []) for name, value in records if name == _SHARE + key and value), [])
 
 
 def _failure(vote: list | None) -> linked.Failure | None:
@@ -212,10 +226,10 @@ class LinkedSpanning:
         for p in participants:
             if p != proc.partition:
                 self._send(key, "ReserveLinked", p, commands, at_ms, body)
-        own, records, held = self._reserve(key, commands, proc.partition, at_ms, offset)
-        vote = linked.first_failure(failures + ([own] if own is not None else []))
+        mine, records, held = self._reserve(key, commands, proc.partition, at_ms, offset)
+        vote = linked.first_failure(failures + ([mine] if mine is not None else []))
         record = {"items": items, "txs": wires, "at_ms": at_ms, "participants": participants,
-                  "votes": {str(proc.partition): _vote(vote)}, "retries": 0}
+                  "votes": {str(proc.partition): _vote(vote)}, "retries": 0, "own": _own(records, key)}
         begin_id = names.step_id(key, names.BEGIN)
         proc.commit_change(ENGINE_CLIENT, begin_id, "", offset,
                            _accepted(begin_id, at_ms, f"reserving in partitions {participants}",
@@ -235,7 +249,7 @@ class LinkedSpanning:
             return
         if decided is not None:
             wire = proc.codec.decode("result", decided["result"])
-            for answer in self._retried(commands, _decision(wire), wire["at_ms"]):
+            for answer in self._retried(commands, *_decision(wire), wire["at_ms"]):
                 proc.emit_result(answer)
             return
         retry_id = names.step_id(key, "retry", proc.position)
@@ -308,12 +322,14 @@ class LinkedSpanning:
         # batch; one in flight here (in another linked batch, or alone across partitions) is a retry of it,
         # answered by that decision, and fails the batch: its answer is not this batch's to record.
         homes: list[int] = []
+        own: list[int] = []  # those that keep a decision of their own (the vote says so: see _retried)
         for i, command in enumerate(commands):
             if self._home(command, coordinator) != proc.partition:
                 continue
             stored = state.change_record(command.client_id, command.command_id)
             if stored is not None:
                 homes.append(i)
+                own.append(i)
                 wire = proc.codec.decode("result", stored["result"])
                 reason = Rejection.from_code(wire["reason"]) if wire["outcome"] == "rejected" else \
                     Rejection.LINKED_SPANS_PARTITIONS
@@ -325,6 +341,7 @@ class LinkedSpanning:
                 else:
                     proc.spanning.begin(command, offset)
                 failures.append((i, Rejection.IN_FLIGHT, f"{command.command_id} is in flight{ANSWERED_ELSEWHERE}"))
+                own.append(i)
             else:
                 homes.append(i)
         shares: list[tuple[int, core.PostTransaction]] = []
@@ -338,7 +355,8 @@ class LinkedSpanning:
         marks = [(_ITEM + names.transaction_key(commands[i].client_id, commands[i].command_id), key) for i in homes
                  if state.change_record(commands[i].client_id, commands[i].command_id) is None]
         record = {"coordinator": coordinator, "at_ms": at_ms, "homes": homes, "holds": [], "credits": [],
-                  "items": [[c.client_id, c.command_id, command_to_wire(c)["body"][1]] for c in commands]}
+                  "items": [[c.client_id, c.command_id, command_to_wire(c)["body"][1]] for c in commands],
+                  "own": own}
         failure = linked.first_failure(failures)
         if failure is None:
             for system in {leg.account_id for _, s in shares for leg in s.legs if routing.is_system(leg.account_id)}:
@@ -491,20 +509,22 @@ class LinkedSpanning:
                 vote, held = _failure(share["vote"]), {}
                 records = [(_SHARE + key, {k: v for k, v in share.items() if k not in ("copy", "vote")}),
                            *self._wait_ended(key)]
+                own = share.get("own", [])
             else:
                 if share is not None and share.get("copy") is not None:  # a copy of other payloads: undone
                     self._drop(key, share, names.step_id(key, "uncopy", proc.partition), offset, at_ms)
                 vote, records, held = self._reserve(key, commands, body["coordinator_partition"], at_ms, offset)
+                own = _own(records, key)
             proc.commit_change(ENGINE_CLIENT, command_id, "", offset,
                                _accepted(command_id, at_ms, "", held.get("holds", ())), records=records, **held)
             vote = _vote(vote)
             self._send(key, "VoteLinked", body["coordinator_partition"], commands, at_ms, {
                 "batch_client_id": body["batch_client_id"], "batch_command_id": body["batch_command_id"],
                 "participant": proc.partition, "item": -1 if vote is None else vote[0],
-                "reason": None if vote is None else vote[1], "detail": "" if vote is None else vote[2]})
+                "reason": None if vote is None else vote[1], "detail": "" if vote is None else vote[2], "own": own})
         elif kind == "VoteLinked":
             vote = None if body["reason"] is None else [body["item"], body["reason"], body["detail"]]
-            self._counted(key, command_id, str(body["participant"]), vote, offset, at_ms)
+            self._counted(key, command_id, str(body["participant"]), vote, body.get("own") or [], offset, at_ms)
         else:
             failure = None if body["commit"] else (body["item"], Rejection.from_code(body["reason"]), body["detail"])
             self._decide(key, command_id, failure, offset, at_ms)
@@ -514,14 +534,15 @@ class LinkedSpanning:
                                                 item["transaction"]), at_ms)
 
     # --- step 3 ----------------------------------------------------------------------------------------------
-    def _counted(self, key: str, command_id: str, participant: str, vote: list | None, offset: int,
+    def _counted(self, key: str, command_id: str, participant: str, vote: list | None, own: list[int], offset: int,
                  at_ms: int) -> None:
         proc = self.proc
         stored = self.state.record(_BATCH + key)
         if stored is None:  # decided already (a vote delivered twice)
             proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms, "late"))
             return
-        record = {**stored, "votes": {**stored["votes"], participant: vote}}
+        record = {**stored, "votes": {**stored["votes"], participant: vote},
+                  "own": sorted({*stored.get("own", []), *own})}
         if len(record["votes"]) < len(record["participants"]):
             proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
                                records=[(_BATCH + key, record)])
@@ -540,14 +561,14 @@ class LinkedSpanning:
         if self.state.change_record(ENGINE_CLIENT, decide_id) is None:
             self._decide(key, decide_id, failure, offset, at_ms)
         for _ in range(record["retries"]):
-            for wire in self._retried(commands, failure, at_ms):
+            for wire in self._retried(commands, failure, record["own"], at_ms):
                 proc.emit_result(wire)
         # The decision stays in the inbox (a retry of the batch is answered from it); the record ends. Both in
         # the final vote's StateChanges, after the own share's, its own last: a redo completes what a crash cut.
         decided_id = names.step_id(key, "decided")
         if self.state.change_record(ENGINE_CLIENT, decided_id) is None:
             wire = _accepted(decided_id, at_ms) if failure is None else rejection_to_wire(
-                decided_id, ENGINE_CLIENT, at_ms, failure[1], f"item {failure[0]}: {failure[2]}")
+                decided_id, ENGINE_CLIENT, at_ms, failure[1], _decision_detail(failure, record["own"]))
             proc.commit_change(ENGINE_CLIENT, decided_id, _fingerprint(record["items"]), offset, wire)
         proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
                            records=[(_BATCH + key, None)])
@@ -557,14 +578,17 @@ class LinkedSpanning:
         return [result_to_wire(result, at_ms, command.transaction_id if result.accepted else None, [])
                 for command, result in zip(commands, linked.unit_answers(commands, failure))]
 
-    def _retried(self, commands: list[core.PostTransaction], failure: linked.Failure | None,
+    def _retried(self, commands: list[core.PostTransaction], failure: linked.Failure | None, own: list[int],
                  at_ms: int) -> list[dict[str, Any]]:
-        """The answers to a retry of the whole batch, as duplicates: a transaction the batch failed on because
-        it has its own decision is left out (its home answers it by that decision when it is sent again)."""
-        answers = self._answers(commands, failure, at_ms)
+        """The answers to a retry of the whole batch, as duplicates. A transaction with a decision of its own
+        (decided before, or in flight alone or in another batch, when the batch reached its home: `own`, as the
+        votes named them) is left out: the batch did not decide it, and its home answers it by its own decision
+        when it is sent again. (A decision recorded before votes named them marks only the failing one so.)"""
+        skip = set(own)
         if failure is not None and failure[2].endswith(ANSWERED_ELSEWHERE):
-            del answers[failure[0]]
-        return [{**answer, "duplicate": True} for answer in answers]
+            skip.add(failure[0])
+        answers = self._answers(commands, failure, at_ms)
+        return [{**answer, "duplicate": True} for i, answer in enumerate(answers) if i not in skip]
 
     # --- step 4 ----------------------------------------------------------------------------------------------
     def _decide(self, key: str, command_id: str, failure: linked.Failure | None, offset: int, at_ms: int) -> None:

@@ -395,21 +395,28 @@ def test_a_decided_batch_written_again_to_another_partition_is_answered_and_leav
     assert_books_balance(bus, ("USD",))
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: a retry of the whole batch answers every command but the one it "
-                                       "failed on with the batch's answer; the votes do not say which commands "
-                                       "their homes answer by a decision of their own")
-def test_a_retry_of_a_failed_batch_answers_a_command_decided_before_with_its_own_decision():
-    """b1 was decided alone (accepted) before the batch [bad, b1] failed on bad: b1 keeps its answer at its home,
-    and a retry of the batch should answer it so. It answers it linked_failed (flagged duplicate)."""
+@pytest.mark.parametrize("retried", ["after the decision", "while in flight"])
+def test_a_retry_of_a_failed_batch_answers_a_command_decided_before_with_its_own_decision(retried):
+    """b1 was decided alone (accepted) before the batch [bad, b1, b2] failed on bad: b1 keeps its answer at its
+    home, and a retry of the batch, after the decision or while in flight, leaves it out (its votes name it as
+    keeping a decision of its own), while bad and b2 get the batch's answers again."""
     bus = funded()
     bus.send(transfer("b1", (X1, -100), (Y1, 100)), X1)
     bus.run()
-    batch = linked(transfer("bad", (Y2, -50), (X2, 50)), transfer("b1", (X1, -100), (Y1, 100)))
+    batch = linked(transfer("bad", (Y2, -50), (X2, 50)), transfer("b1", (X1, -100), (Y1, 100)),
+                   transfer("b2", (X1, -1), (Y2, 1)))
     bus.send(batch, Y2)
-    bus.run()
+    if retried == "after the decision":
+        bus.run()
     bus.send(batch, Y2)
     bus.run()
     assert {(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == "b1"} == {("accepted", None)}
+    assert sorted((r["duplicate"], r["command_id"], r["reason"]) for r in bus.results
+                  if r["command_id"] in ("bad", "b2")) == [
+        (False, "b2", "linked_failed"), (False, "bad", "insufficient_funds"), (True, "b2", "linked_failed"),
+        (True, "bad", "insufficient_funds")]
+    assert balances(bus) == {X1: (900, 0), X2: (0, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
 
 
 def test_a_payment_of_a_batch_across_partitions_is_returned_like_any_payment_across_them():
