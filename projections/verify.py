@@ -437,12 +437,13 @@ def check_every_command_answered(report: Report, commands: Iterable[TopicRecord]
     they were never sent whole, and nothing answers them: docs/wallet-operations.md)."""
     dead_at = {d.key for d in dead_letters}
     replied: set[CommandKey] = set()
-    # answered, never decided: a record its client did not sign, an engine step without the engine's seal
+    # answered, never decided: a record its client did not sign, an engine step without the engine's seal, a
+    # linked batch that cannot be linked (its commands may be decided later, sent otherwise)
     unauthenticated: set[CommandKey] = set()
     for r in results:
         replied.add((r.value["client_id"], r.value["command_id"]))
-        if r.value["reason"] == Rejection.NOT_AUTHENTICATED.code or seal.is_unsealed_refusal(r.value["reason"],
-                                                                                          r.value["detail"]):
+        if r.value["reason"] in (Rejection.NOT_AUTHENTICATED.code, Rejection.LINKED_SPANS_PARTITIONS.code) or \
+                seal.is_unsealed_refusal(r.value["reason"], r.value["detail"]):
             unauthenticated.add((r.value["client_id"], r.value["command_id"]))
     judged: set[CommandKey] = set()
     for cmd in commands:

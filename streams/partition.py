@@ -92,9 +92,11 @@ class Output:
 
 def result_key(client_id: str, command_id: str, reason: str | None) -> bytes:
     """The results topic's key: client_id/command_id. An id_conflict answers another payload sent under a
-    used id, and a not_authenticated answers a record the named client may not have written, so they go
-    under their own key (…/command_id#id_conflict, …#not_authenticated): a reader that keeps the latest
-    result per key (compaction, a table) keeps the command's decision, never the refusal of an impostor."""
+    used id, a not_authenticated a record the named client may not have written, and a linked_spans_partitions
+    a batch that could not be linked (the command may be decided later), so they go under their own key
+    (…/command_id#id_conflict, …#not_authenticated, …#linked_spans_partitions): a reader that keeps the latest
+    result per key (compaction, a table) keeps the command's decision, never the refusal of an impostor or of
+    an envelope."""
     key = f"{client_id}/{command_id}"
     return (key + "#" + reason if reason in NOT_A_DECISION else key).encode()
 

@@ -159,15 +159,13 @@ def judge_placement(partitions: Iterable[Iterable[int]], here: int) -> tuple[Rej
 
 def refuse_all(state: StateReader, commands: Sequence[Command], reason: Rejection,
                detail: str) -> list[tuple[Result, Changes]]:
-    """Every command of a batch refused for one reason (a batch that cannot be linked), each remembered, in
-    order (an id held twice is decided once)."""
-    staged = _Staged(state)
-    out = []
-    for command in commands:
-        result, changes = _refused(staged, command, reason, detail)
-        staged.stage(changes)
-        out.append((result, changes))
-    return out
+    """Every command of a batch refused for one reason that concerns the batch, not any command of it (a batch
+    that cannot be linked: linked_spans_partitions): answered, never remembered, so the answer is not the
+    command's decision (rejections.NOT_A_DECISION). Such a batch may reach a partition that is not the home of
+    its commands, and a decision remembered there would be a second one once a command is sent alone to its
+    home. A command decided before keeps its stored answer (a duplicate), or is an id_conflict."""
+    empty = Changes({}, {}, (), None)
+    return [(_refused(state, command, reason, detail)[0], empty) for command in commands]
 
 
 # --- a linked batch across partitions: one unit of the two-phase protocol -------------------------------------

@@ -133,10 +133,13 @@ class Rejection(enum.IntEnum):
             raise ValueError(f"unknown rejection code {code!r}") from None
 
 
-# Answers to a record that is not the command's own: another payload sent under a used id, or a record its
-# named client did not sign. Each is published under its own result key; no reader takes it for the command's
-# decision (projections/verify.py, the read store), or it would let an impostor shadow or replace the decision.
-NOT_A_DECISION = frozenset({Rejection.ID_CONFLICT.code, Rejection.NOT_AUTHENTICATED.code})
+# Answers that are not the command's decision: to a record that is not the command's own (another payload sent
+# under a used id, a record its named client did not sign), or to a linked batch that cannot be linked as a whole
+# (linked.refuse_all: nothing of any command was judged, and the command may be decided later, at its home).
+# Each is published under its own result key; no reader takes it for the command's decision (projections/
+# verify.py, the read store), or it would shadow or replace the decision.
+NOT_A_DECISION = frozenset({Rejection.ID_CONFLICT.code, Rejection.NOT_AUTHENTICATED.code,
+                            Rejection.LINKED_SPANS_PARTITIONS.code})
 
 
 # The order in which a transaction's rules decide (decide._judge_transaction_rules): shape and existence

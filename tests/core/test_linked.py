@@ -6,6 +6,7 @@ import pytest
 
 from streams.core.linked import (execute_linked, exposure, first_failure, first_refused, judge_placement, refuse_all,
                                  unit_answers)
+from streams.core import execute
 from streams.core.rejections import Rejection
 
 from .ledger_dsl import Ledger
@@ -70,7 +71,9 @@ def test_a_linked_batch_posts_all_or_nothing(name, batch, expected, balances) ->
     assert all(r.duplicate and c.is_empty for r, c in again)
 
 
-def test_a_linked_batch_across_partitions_is_refused_and_remembered() -> None:
+def test_a_linked_batch_across_partitions_is_refused_and_not_remembered() -> None:
+    """The refusal concerns the batch, not its commands: nothing is remembered, so each command may be decided
+    later (sent alone to its home); a command decided before keeps its answer."""
     ledger = Ledger().run(SETUP)
     commands = [ledger._command(100, "transfer t1 a:USD->b:USD 1.00 id=x1"),
                 ledger._command(101, "transfer t2 a:USD->c:USD 1.00 id=x2")]
@@ -79,11 +82,12 @@ def test_a_linked_batch_across_partitions_is_refused_and_remembered() -> None:
     assert reason is Rejection.LINKED_SPANS_PARTITIONS and "[3, 5]" in detail
     assert judge_placement([{5}, {5}], 3)[0] is Rejection.LINKED_SPANS_PARTITIONS  # all elsewhere: not here
     decided = refuse_all(ledger.state, commands, reason, detail)
-    assert [r.reason for r, _ in decided] == [Rejection.LINKED_SPANS_PARTITIONS] * 2
-    for _, changes in decided:
-        ledger.state.commit(changes)
-    assert all(r.duplicate for r, _ in refuse_all(ledger.state, commands, reason, detail))
-    assert ledger.state.accounts["a:USD"].posted == 1000
+    assert [(r.reason, r.duplicate) for r, _ in decided] == [(Rejection.LINKED_SPANS_PARTITIONS, False)] * 2
+    assert all(changes.is_empty and changes.processed is None for _, changes in decided)
+    ledger.state.commit(execute(ledger.state, commands[0])[1])  # x1 decided alone, at its home
+    again = refuse_all(ledger.state, commands, reason, detail)
+    assert [(r.reason, r.duplicate) for r, _ in again] == [(None, True), (Rejection.LINKED_SPANS_PARTITIONS, False)]
+    assert ledger.state.accounts["a:USD"].posted == 900
 
 
 def test_an_id_the_failed_batch_holds_twice_with_two_payloads_is_an_id_conflict_without_events() -> None:

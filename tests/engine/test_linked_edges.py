@@ -112,8 +112,11 @@ def test_a_command_sent_twice_in_a_failing_linked_batch_is_decided_once():
     again, _ = feed(proc, [other])
     assert [(r["reason"], r["duplicate"]) for r in again] == [("insufficient_funds", True)], \
         "the command sent first lost its answer to the other payload"
-    _, changelog = feed(proc, [linked(open_account("user:x:USD"), open_account("user:x:USD"), open_account(FAR))])
-    assert len(decisions(changelog, "open:user:x:USD")) == 1, "refused linked_spans_partitions twice"
+    results, changelog = feed(proc, [linked(open_account("user:x:USD"), open_account("user:x:USD"),
+                                            open_account(FAR))])
+    assert not decisions(changelog, "open:user:x:USD"), "a batch that cannot be linked decides none of its commands"
+    assert [(r["command_id"], r["reason"]) for r in results] == [("open:user:x:USD", "linked_spans_partitions")] * 2 \
+        + [(f"open:{FAR}", "linked_spans_partitions")]
 
 
 def test_a_linked_retry_of_an_accepted_command_keeps_its_answer_after_the_policy_changed():
