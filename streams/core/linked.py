@@ -9,7 +9,8 @@ with a detail naming it. Every answer is remembered (the inbox entry is the only
 batch is answered the same; the ids are spent, like any rejection's. A command already decided before (a
 duplicate) keeps its stored answer and is not written again.
 
-``judge_placement`` tells whether every command lives in the partition deciding the batch. A batch of
+``judge_placement`` tells whether every command lives in the partition deciding the batch; ``refuse_all``
+answers a batch that cannot be linked at all, remembering nothing (it decides none of its commands). A batch of
 transactions across partitions is one unit of the two-phase protocol (streams/spanning_linked.py,
 docs/wallet-operations.md), decided by the rules below: each partition judges its shares in batch order
 (``first_refused``), reserves what their running sums take from and add to each account (``exposure``), and
