@@ -360,13 +360,14 @@ def submit(
     as_json: bool = typer.Option(False, "--json", help="One JSON result per line instead of a summary."),
     currency: list[str] = CURRENCIES,
     linked: bool = typer.Option(False, "--linked", help="Every line takes effect or none does: one linked batch "
-                                "(all its accounts in one partition). A bad line sends nothing."),
+                                "(in one partition, or transactions across partitions). A bad line sends "
+                                "nothing."),
 ) -> None:
     """Send the commands of a JSON Lines file and wait for their results.
 
     Every line is checked first; bad lines are reported with their line number and skipped, the good lines
-    are still sent (with --linked, nothing is sent). A line answered as a duplicate (the file was submitted before) says so. A summary is
-    always printed. Exit status: 0 when every line was valid and accepted (now or before), 1 otherwise;
+    are still sent (with --linked, nothing is sent). A line answered as a duplicate (the file was submitted
+    before) says so. A summary is always printed. Exit status: 0 when every line was valid and accepted (now or before), 1 otherwise;
     69 when Kafka cannot be reached.
     """
     from rich.progress import Progress
