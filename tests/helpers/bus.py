@@ -117,13 +117,7 @@ class Bus:
         (streams.placement.placements). Returns the partitions written."""
         record = C.decode("command", value)
         placed, partitions = placement.placements(record, account, self.n)
-        encoded = C.encode("command", placed)
-        if at_ms is None:
-            self.clock += 1
-            at_ms = self.clock
-        for partition in partitions:
-            self.send_to(partition, encoded, at_ms, routing.routing_key_for(account).encode())
-        return partitions
+        return self._send_all(C.encode("command", placed), partitions, account, at_ms)
 
     def send_linked_placed(self, value: bytes, account: str, at_ms: int | None = None) -> list[int]:
         """As LedgerClient sends a linked batch: to its coordinator and, as a copy naming it, to each other
@@ -133,11 +127,15 @@ class Bus:
         records = [C.decode("command", item) for item in batch["commands"]]
         coordinator, partitions = placement.linked_placements(records, account, self.n)
         encoded = C.encode("command_batch", {**batch, "coordinator": coordinator if len(partitions) > 1 else None})
+        return self._send_all(encoded, partitions, account, at_ms)
+
+    def _send_all(self, value: bytes, partitions: list[int], account: str, at_ms: int | None) -> list[int]:
+        """The same record to each partition, at one send time, keyed by the account's routing key."""
         if at_ms is None:
             self.clock += 1
             at_ms = self.clock
         for partition in partitions:
-            self.send_to(partition, encoded, at_ms, routing.routing_key_for(account).encode())
+            self.send_to(partition, value, at_ms, routing.routing_key_for(account).encode())
         return partitions
 
     def send_to(self, partition: int, value: bytes, at_ms: int | None = None, key: bytes = b"k") -> None:
