@@ -722,7 +722,8 @@ class Spanning:
 
     def _blocked(self, command: core.Command, earlier: dict[str, int]) -> bool:
         """What a reservation holds: a locked hold (release, expiry), an account with reservations (freeze,
-        close), and the headroom under a balance limit that reserved credits count on (another credit)."""
+        close), the headroom under a balance limit that reserved credits count on (another credit), and the
+        credits themselves (a debit they could fund: _awaits_credit)."""
         if isinstance(command, (core.ReleaseHold, core.ExpireHold)):
             return not command.hold_id.startswith(INTERNAL_HOLD_MARK) and self.locked(command.hold_id)
         if isinstance(command, (core.FreezeAccount, core.CloseAccount)):
@@ -744,7 +745,27 @@ class Spanning:
                                             account.posted + sum(reserved.values()) + earlier.get(account_id, 0)
                                             + amount > core.MAX_ABS_AMOUNT):
                     return True
-        return False
+        return self._awaits_credit(command)
+
+    def _awaits_credit(self, command: core.Command) -> bool:
+        """A debit (a payment decided here, or a hold) the core refuses for funds now, on an account that
+        transactions in flight credit (n/<account>): it waits for their decision and is decided then, at its own
+        log time. So a payment sent after a transfer to the account it spends from (across partitions, reserved
+        here at the producer's position by its copy, or by its Reserve) is decided after that transfer, as in
+        one partition, not refused for the money the transfer is bringing (P10). Whichever way the transfer
+        ends, the debit is then judged on what the account holds."""
+        if isinstance(command, core.PostTransaction):
+            debited = [leg.account_id for leg in command.legs if leg.amount < 0 and leg.hold_id is None]
+        elif isinstance(command, core.PlaceHold):
+            debited = [command.account_id]
+        else:
+            return False
+        if not any(self.state.record(f"n/{account_id}") for account_id in debited):
+            return False
+        route = self.proc.route(command)
+        if route.command is None or route.refusal is not None:
+            return False  # decided elsewhere, in two phases, or refused on its route: not a debit judged here
+        return core.decide(self.state, route.command, self.proc.currencies).reason is Rejection.INSUFFICIENT_FUNDS
 
     def over_budget(self, key: str, accounts: list[str], locks: dict[str, list],
                      credits: dict[str, int],
