@@ -300,7 +300,20 @@ class LinkedSpanning:
             self._drop(key, share, names.step_id(key, "copyexpired", self.proc.partition), offset, now_ms)
 
     def _drop(self, key: str, share: dict, command_id: str, offset: int, at_ms: int) -> None:
-        """A copy's reservation undone: its holds released, its records and marks gone, its wait ended."""
+        """A copy's reservation undone: its holds released, its records and marks gone, its wait ended. A
+        command of the batch sent again to its home meanwhile (a retry counted in q/K, to be answered by the
+        batch's decision, which will not come from this copy) waits instead, once per time it was sent, as a
+        command behind a transaction in flight does (spanning.wait, before the drop's StateChange so a redo
+        queues it once): it is decided when its turn comes (spanning.drain), at the log time of the drop."""
+        proc, position = self.proc, self.proc.position
+        for index, count in sorted(share.get("retries", {}).items(), key=lambda r: int(r[0])):
+            client_id, retried_id, wire = share["items"][int(index)]
+            command = self._transaction({"client_id": client_id, "command_id": retried_id, "transaction": wire},
+                                        at_ms)
+            for n in range(count):
+                proc.position = f"{position}:{key}:{index}:{n}"
+                proc.spanning.wait(command, offset)
+        proc.position = position
         for hold_id, account_id, _ in share["holds"]:
             self.proc.execute(core.ReleaseHold(command_id=names.step_id(key, "uncopy", account_id),
                                                client_id=ENGINE_CLIENT, at_ms=at_ms, hold_id=hold_id), offset)

@@ -4,9 +4,12 @@ producer's own position, so a command the producer sends after the batch never o
 Broker-free, through eight partition processors (tests/helpers/bus.py)."""
 from __future__ import annotations
 
+import pytest
+
 from streams import routing
 from streams.spanning import COPY_WAIT_MS
-from tests.helpers.bus import C, Bus, assert_books_balance
+from tests.helpers.bus import C, Bus, Crash, assert_books_balance
+from tests.helpers.oracles import Oracles
 from tests.helpers.records import N, command, linked, local_users, open_account, transfer
 
 X1, X2 = local_users(2, partition=0)
@@ -211,3 +214,35 @@ def test_a_batch_naming_a_coordinator_that_does_not_exist_is_refused_whole():
                                                           ("l2", "rejected", "invalid_command")]
     assert f"names partition {N} to coordinate it" in bus.result("l1")["detail"]
     assert balances(bus)[X1] == (1_000, 0)
+
+
+@pytest.mark.parametrize("crash", [None, Crash("outputs", 1), *(Crash("changelog", n) for n in range(7))],
+                         ids=lambda c: "none" if c is None else f"{c.point}-{c.count}")
+def test_a_command_sent_alone_while_its_copy_waits_is_decided_when_the_copy_is_dropped(crash):
+    """The producer wrote the batch's copy only (it died before writing to the coordinator) and, restarted,
+    sends l1 alone to its home, partition 1, where the copy marked it in flight: it is counted as a retry, to be
+    answered by the batch's decision. No ReserveLinked comes; when the copy's wait ends, l1 waits no more for
+    a batch and is decided alone (before, the copy's drop forgot it: l1 was never answered), also when the
+    worker crashes part way through the record that drops the copy."""
+    bus = funded(y1=100)
+    oracles = Oracles(bus)
+    batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
+    bus.run()
+    assert bus.account(Y1) == (100, 80)
+    alone = transfer("l1", (Y1, -80), (X2, 80))
+    oracles.sent_command(alone)
+    bus.send(alone, Y1)
+    bus.run()
+    assert not answers(bus, "l1"), "a retry of the batch in flight: answered when it is decided"
+    bus.send(transfer("later", (Y2, 0), (Y1, 0)), Y1, at_ms=bus.clock + COPY_WAIT_MS + 1)
+    bus.step(1, crash=crash)
+    bus.run()
+    oracles.check_quiet()
+    # (a crash after l1 was woken and decided, before it left the queue, answers it again: a duplicate)
+    assert {a[:3] for a in answers(bus, "l1", "l2")} == {("l1", "accepted", None)}
+    assert [a for a in answers(bus, "l1", "l2") if not a[3]] == [("l1", "accepted", None, False)]
+    assert balances(bus) == {X1: (1_000, 0), X2: (80, 0), Y1: (20, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+    assert_books_balance(bus, ("USD",))
