@@ -665,7 +665,7 @@ class PartitionProcessor:
         if not seen_checked and self._answer_if_seen(command):
             return
         if self.linked_spanning.in_flight(command):  # a retry: answered when its linked batch is decided
-            self.linked_spanning.retry(command, offset)
+            self.linked_spanning.retry(command, offset, alone=True)
             return
         if self.spanning.under_way(command):  # a retry of a transaction in flight: answered when decided
             self._route_and_execute(command, offset)

@@ -169,10 +169,11 @@ class LinkedSpanning:
         return isinstance(command, core.PostTransaction) and \
             self.state.record(_ITEM + names.transaction_key(command.client_id, command.command_id)) is not None
 
-    def retry(self, command: core.Command, offset: int) -> None:
+    def retry(self, command: core.Command, offset: int, alone: bool = False) -> None:
         """A command of a linked batch in flight sent again to its home, alone or in another batch: answered
         with its answer in the batch, as a duplicate, when the batch is decided here (as a retry of a
-        transaction in flight is); another payload under its id is id_conflict."""
+        transaction in flight is); another payload under its id is id_conflict. alone: sent by itself (counted
+        apart too, for a copy dropped unconfirmed: _drop)."""
         proc = self.proc
         key = self.state.record(_ITEM + names.transaction_key(command.client_id, command.command_id))
         share = self.state.record(_SHARE + key)
@@ -190,9 +191,12 @@ class LinkedSpanning:
             return  # this same retry redone after a crash: counted once
         retries = dict(share.get("retries", {}))
         retries[str(index)] = retries.get(str(index), 0) + 1
+        counted = {**share, "retries": retries}
+        if alone:
+            counted["alone"] = {**share.get("alone", {}), str(index): share.get("alone", {}).get(str(index), 0) + 1}
         proc.commit_change(ENGINE_CLIENT, retry_id, "", offset,
                            _accepted(retry_id, command.at_ms, "answered when its linked batch is decided"),
-                           records=[(_SHARE + key, {**share, "retries": retries})])
+                           records=[(_SHARE + key, counted)])
 
     # --- step 1 ----------------------------------------------------------------------------------------------
     def begin(self, offset: int, commands: list[core.PostTransaction], refusals: list[tuple[Rejection, str] | None],
@@ -302,18 +306,34 @@ class LinkedSpanning:
     def _drop(self, key: str, share: dict, command_id: str, offset: int, at_ms: int) -> None:
         """A copy's reservation undone: its holds released, its records and marks gone, its wait ended. A
         command of the batch sent again to its home meanwhile (a retry counted in q/K, to be answered by the
-        batch's decision, which will not come from this copy) waits instead, once per time it was sent, as a
-        command behind a transaction in flight does (spanning.wait, before the drop's StateChange so a redo
-        queues it once): it is decided when its turn comes (spanning.drain), at the log time of the drop."""
+        batch's decision, which will not come from this copy) is decided now, before the drop's StateChange (a
+        redo finds it decided or waiting): sent again alone, it waits, once per time it was sent, as a command
+        behind a transaction in flight does (spanning.wait), and is decided alone when its turn comes
+        (spanning.drain), at the log time of the drop; sent again only inside other linked batches, which failed
+        on it for being in flight, that refusal is its decision (it never posts alone: it was only ever sent
+        linked to commands that did not post)."""
         proc, position = self.proc, self.proc.position
         for index, count in sorted(share.get("retries", {}).items(), key=lambda r: int(r[0])):
             client_id, retried_id, wire = share["items"][int(index)]
             command = self._transaction({"client_id": client_id, "command_id": retried_id, "transaction": wire},
                                         at_ms)
-            for n in range(count):
-                proc.position = f"{position}:{key}:{index}:{n}"
-                proc.spanning.wait(command, offset)
-        proc.position = position
+            if share.get("alone", {}).get(index):  # the first decides it alone, the others are duplicates
+                for n in range(count):
+                    proc.position = f"{position}:{key}:{index}:{n}"
+                    proc.spanning.wait(command, offset)
+                proc.position = position
+                continue
+            stored = self.state.change_record(client_id, retried_id)
+            if stored is None:
+                proc.reject_command(command, Rejection.IN_FLIGHT,
+                                    f"{retried_id} was sent again in a linked batch while a linked batch holding it "
+                                    f"was in flight here, and that batch failed on it; the batch in flight was "
+                                    f"never confirmed")
+            else:  # decided by this very record before a crash cut it
+                proc.answer_again(stored)
+            answer = proc.codec.decode("result", self.state.change_record(client_id, retried_id)["result"])
+            for _ in range(count - 1):
+                proc.emit_result({**answer, "duplicate": True})
         for hold_id, account_id, _ in share["holds"]:
             self.proc.execute(core.ReleaseHold(command_id=names.step_id(key, "uncopy", account_id),
                                                client_id=ENGINE_CLIENT, at_ms=at_ms, hold_id=hold_id), offset)

@@ -246,3 +246,35 @@ def test_a_command_sent_alone_while_its_copy_waits_is_decided_when_the_copy_is_d
     assert balances(bus) == {X1: (1_000, 0), X2: (80, 0), Y1: (20, 0), Y2: (0, 0)}
     assert not engine_records(bus)
     assert_books_balance(bus, ("USD",))
+
+
+@pytest.mark.parametrize("crash", [None, Crash("outputs", 1), *(Crash("changelog", n) for n in range(5))],
+                         ids=lambda c: "none" if c is None else f"{c.point}-{c.count}")
+def test_a_command_sent_again_only_in_another_batch_while_its_copy_waits_never_posts_alone(crash):
+    """As above, but l1 is sent again only inside another linked batch (l1 with l8, coordinated in partition 1),
+    which fails on it: l1 is in flight there, it keeps its own decision. When the copy is dropped unconfirmed,
+    that decision is the refusal the other batch met (in_flight), remembered at l1's home: l1 never posts
+    alone, since it was only ever sent linked with commands that did not post, and a batch sent later that
+    holds it fails on it."""
+    bus = funded(y1=100)
+    oracles = Oracles(bus)
+    batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
+    bus.run()
+    other = [transfer("l1", (Y1, -80), (X2, 80)), transfer("l8", (Y2, 0), (X2, 0))]
+    for item in other:
+        oracles.sent_command(item)
+    bus.send(linked(*other), Y1)
+    bus.run()
+    assert [a[:3] for a in answers(bus, "l1", "l8")] == [("l8", "rejected", "linked_failed")]
+    bus.send(transfer("later", (Y2, 0), (Y1, 0)), Y1, at_ms=bus.clock + COPY_WAIT_MS + 1)
+    bus.step(1, crash=crash)
+    bus.run()
+    oracles.check_quiet()
+    # (a crash after the answers went out and before the changelog did publishes them again, byte for byte)
+    assert sorted({a[:3] for a in answers(bus, "l1", "l8")}) == [("l1", "rejected", "in_flight"),
+                                                                  ("l8", "rejected", "linked_failed")]
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+    assert_books_balance(bus, ("USD",))
