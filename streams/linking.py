@@ -11,12 +11,13 @@ shell supplies what the engine knows, in the order a single command meets it (st
    (streams/spanning_linked.py, copy) and nothing is answered; an item that failed the checks of step 1 there
    ends the copy (its client's policy is the coordinator's to apply, and answer).
 3. A producer's copy of a transaction placed in several partitions is its coordinator's to answer: not
-   answered here, and the others are refused linked_spans_partitions. A retry of a transaction under way is
-   answered when that transaction is decided (as alone), and the others are refused linked_failed.
+   answered here, and the others are refused linked_spans_partitions.
 4. Where each command is decided (PartitionProcessor.route). A batch touching any partition but this one
    is one unit of the two-phase protocol coordinated here if it can be (streams/spanning_linked.py: its
-   transactions), else refused linked_spans_partitions, every command. A command of such a batch in flight
-   here is a retry of it, answered when that batch is decided; the others are refused linked_failed.
+   transactions; a transaction under way here fails it there), else refused linked_spans_partitions, every
+   command. In one partition, a retry of a transaction under way is answered when that transaction is
+   decided (as alone), and a command of a batch across partitions in flight here is a retry of it, answered
+   when that batch is decided; the others are refused linked_failed.
 5. Per command, in order, the engine's judgements outside the core: a routing refusal; a capture of a hold
    a transaction in flight has locked part of (in_flight: the lock checks judge one command, and two
    captures of the batch could take the locked part together); contention with transactions in flight
@@ -138,17 +139,21 @@ class Linking:
             self._refuse_each(offset, others, Rejection.LINKED_SPANS_PARTITIONS,
                               f"linked with {copies[0][1].command_id}, a transaction placed in several partitions")
             return
+        # Where the commands live is looked at first: across partitions, a command under way here fails the
+        # batch in the two-phase protocol (its home votes in_flight), and each other command's answer is
+        # recorded at its own home. Refused here, the others' answers would be remembered in a partition that
+        # is not their home, a second decision once one is sent alone to its home.
+        routes = [proc.route(command) for _, command in commands]
+        misplaced = linked.judge_placement((self._touched(route) for route in routes), proc.partition)
+        if misplaced is not None:
+            self._across(offset, commands, routes)
+            return
         for index, command in commands:
             if proc.spanning.under_way(command):  # a retry: answered when that transaction is decided
                 proc.position = f"{offset}.{index}"
                 proc.spanning.begin(command, offset)
                 self._refuse_others(offset, commands, command, linked.waiting_on(command.command_id))
                 return
-        routes = [proc.route(command) for _, command in commands]
-        misplaced = linked.judge_placement((self._touched(route) for route in routes), proc.partition)
-        if misplaced is not None:
-            self._across(offset, commands, routes)
-            return
         for index, command in commands:
             if proc.linked_spanning.in_flight(command):  # a retry: answered when its linked batch is decided
                 proc.position = f"{offset}.{index}"

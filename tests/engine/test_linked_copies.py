@@ -278,3 +278,29 @@ def test_a_command_sent_again_only_in_another_batch_while_its_copy_waits_never_p
     assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (100, 0), Y2: (0, 0)}
     assert not engine_records(bus)
     assert_books_balance(bus, ("USD",))
+
+
+def test_a_batch_holding_a_transaction_under_way_at_its_coordinator_decides_nothing_for_another_partition():
+    """l1 (partition 0 to 1) is under way alone when the batch l1, l2 arrives; l2's home is partition 1. The
+    batch fails on l1, which keeps its own decision, and l2's answer is recorded at its home, by the two-phase
+    protocol, where the copy had reserved (before, the coordinator remembered l2 linked_failed before looking
+    where the batch's commands live, and l2 sent alone to its home later was decided a second time there)."""
+    bus = funded(y1=100)
+    oracles = Oracles(bus)
+    l1, l2 = transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y1, -80), (X2, 80))
+    for item in (l1, l2):
+        oracles.sent_command(item)
+    bus.send(l1, X1)
+    bus.step(0)  # l1 begun alone: under way
+    bus.send_linked_placed(linked(l1, l2), X1)
+    bus.run()
+    assert answers(bus, "l1", "l2") == [("l1", "accepted", None, False), ("l2", "rejected", "linked_failed", False),
+                                        ("l1", "accepted", None, True)]
+    assert "l1" in bus.result("l2")["detail"]
+    bus.send(l2, Y1)  # l2 alone, to its home: answered from its decision there
+    bus.run()
+    oracles.check_quiet()
+    assert answers(bus, "l2")[-1] == ("l2", "rejected", "linked_failed", True)
+    assert balances(bus) == {X1: (400, 0), X2: (0, 0), Y1: (700, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+    assert_books_balance(bus, ("USD",))
