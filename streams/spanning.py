@@ -748,9 +748,9 @@ class Spanning:
         return self._awaits_credit(command)
 
     def _awaits_credit(self, command: core.Command) -> bool:
-        """A debit (a payment decided here, or a hold) the core refuses for funds now, on an account that
-        transactions in flight credit (n/<account>): it waits for their decision and is decided then, at its own
-        log time. So a payment sent after a transfer to the account it spends from (across partitions, reserved
+        """A debit (a payment decided here, its share here of one across partitions, or a hold) the core refuses
+        for funds now, on an account that transactions in flight credit (n/<account>): it waits for their
+        decision and is decided then, at its own log time. So a payment sent after a transfer to the account it spends from (across partitions, reserved
         here at the producer's position by its copy, or by its Reserve) is decided after that transfer, as in
         one partition, not refused for the money the transfer is bringing (P10). Whichever way the transfer
         ends, the debit is then judged on what the account holds."""
@@ -763,9 +763,25 @@ class Spanning:
         if not any(self.state.record(f"n/{account_id}") for account_id in debited):
             return False
         route = self.proc.route(command)
-        if route.command is None or route.refusal is not None:
-            return False  # decided elsewhere, in two phases, or refused on its route: not a debit judged here
-        return core.decide(self.state, route.command, self.proc.currencies).reason is Rejection.INSUFFICIENT_FUNDS
+        if route.command is not None:  # decided here, in one step
+            return core.decide(self.state, route.command, self.proc.currencies).reason is \
+                Rejection.INSUFFICIENT_FUNDS
+        if not route.spans or not isinstance(command, core.PostTransaction):
+            return False  # decided elsewhere, or refused on its route
+        # In two phases: its share here reserves what it takes from each account here as an internal hold
+        # (_reserve_share); the core judges that hold, as it will then.
+        taken: dict[str, int] = {}
+        for leg in command.legs:
+            if leg.hold_id is None and self.proc.home(leg.account_id) == self.proc.partition:
+                taken[leg.account_id] = taken.get(leg.account_id, 0) - leg.amount
+        for account_id, amount in taken.items():
+            if amount > 0 and self.state.record(f"n/{account_id}") and self.state.account(account_id) is not None:
+                probe = core.PlaceHold(command_id=names.step_id(account_id, "funds"), client_id=ENGINE_CLIENT,
+                                       at_ms=command.at_ms, hold_id=names.step_id(account_id, "funds"),
+                                       account_id=account_id, amount=amount)
+                if core.decide(self.state, probe, self.proc.currencies).reason is Rejection.INSUFFICIENT_FUNDS:
+                    return True
+        return False
 
     def over_budget(self, key: str, accounts: list[str], locks: dict[str, list],
                      credits: dict[str, int],

@@ -116,3 +116,56 @@ def test_payments_chasing_transfers_keep_every_promise_through_crashes(seed):
     finish(bus, oracles, seed)
     assert all(answer(bus, f"out-{i}") == ("accepted", None) for i in range(6))
     assert balances(bus) == {X1: (400, 0), X2: (0, 0), Y1: (240, 0), Y2: (360, 0)}
+
+
+def test_payments_chasing_transfers_through_the_broker(settings, start_worker):
+    """Through the broker, as a payment app sends: a transfer from one user to another in another partition, and
+    at once, without waiting, a payment out of the money it brings to a third user (most of them in yet another
+    partition, so the payment is a transaction across partitions too), eight times. Every payment posts (each
+    waited for its transfer where the money arrived), and the verifier finds every promise kept. Before, 7 of
+    8 payments were refused insufficient_funds."""
+    from connectors.client import Leg, LedgerClient
+    from projections.verify import format_report, verify, wait_quiescent
+    from streams import routing
+    from tests.helpers.results import outcome
+    from tests.helpers.topics import latest_balances
+
+    start_worker(extra_env={"LEDGER_TICK_S": "0"})
+    client = LedgerClient(settings, "wallet")
+    payer = "user:cp:USD"
+    home = routing.partition_of_account(payer, settings.partitions)
+    far = [f"user:cp{i}:USD" for i in range(200)
+           if routing.partition_of_account(f"user:cp{i}:USD", settings.partitions) != home]
+    payees, shops = far[:8], far[8:16]
+    try:
+        opened = [client.open_account(a, "USD") for a in [payer, *payees, *shops]]
+        opened.append(client.post("cp-dep", [Leg("sys:world:USD", -800), Leg(payer, 800)], kind="deposit"))
+        assert {outcome(r) for r in client.wait(opened).values()} == {"accepted"}
+        sent = []
+        for i, (payee, shop) in enumerate(zip(payees, shops)):
+            sent.append(client.post(f"cp-in-{i}", [Leg(payer, -100), Leg(payee, 100)]))
+            sent.append(client.post(f"cp-out-{i}", [Leg(payee, -70), Leg(shop, 70)]))
+        answers = client.wait(sent)
+        assert {i: outcome(answers[i]) for i in sent} == {i: "accepted" for i in sent}
+        assert wait_quiescent(settings)
+        balances = latest_balances(settings)
+        assert [balances[a]["posted"] for a in [payer, *payees, *shops]] == ["0"] + ["30"] * 8 + ["70"] * 8
+        report = verify(settings)
+        assert report.ok, format_report(report)
+    finally:
+        client.close()
+
+
+def test_a_payment_across_partitions_from_money_in_flight_waits_too():
+    """Y1 pays X2 (partition 0) 500 out of the 600 X1's transfer is bringing: the payment's share in partition 1
+    (its coordinator's) would hold 500 of Y1, which the core refuses for funds now, so it waits."""
+    bus = funded()
+    bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
+    bus.send_placed(transfer("out", (Y1, -500), (X2, 500)), Y1)
+    bus.step(1)
+    bus.step(1)
+    assert not [r for r in bus.results if r["command_id"] == "out"], "decided before the transfer"
+    bus.run()
+    assert (answer(bus, "in"), answer(bus, "out")) == (("accepted", None), ("accepted", None))
+    assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
