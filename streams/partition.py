@@ -715,16 +715,18 @@ class PartitionProcessor:
         record delivered again whose effects the state holds already: it was read once, and what fell due
         then was expired then; its time must not move expiries after a crash (a later record of earlier log
         time decided them the first time)."""
-        applied = self.state.applied_offset()
-        if offset < applied:  # (the same offset: the other commands of one batch record)
+        if offset < self.state.applied_offset():  # (the same offset: the other commands of one batch record)
             return
         due = self.spanning.expire_copies(offset, now_ms)
         for key in due:
             self.linked_spanning.expire_copy(key, offset, now_ms)
-        # This record's effects stored in part (a crash cut it, e.g. after a copy's drop and before the commands
-        # it let go were woken): the waiting commands go on, as a step delivered again drains.
-        if due or offset == applied:
+        # A linked copy's drop may have queued commands (its mark stays until they were drained: after a crash
+        # between the two, the record delivered again drains them).
+        woken = self.linked_spanning.wake_due()
+        if due or woken:
             self.spanning.drain(offset)
+        if woken:
+            self.linked_spanning.woken(offset, now_ms)
         for _, hold_id in self.state.expiries.take_due(now_ms):
             hold = self.state.hold(hold_id)
             if hold is None or hold.status is not HoldStatus.OPEN:

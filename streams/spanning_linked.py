@@ -62,6 +62,9 @@ LINKED_STEP_KINDS = frozenset({"ReserveLinked", "VoteLinked", "DecideLinked"})
 _BATCH = "b/"  # the coordinator's record of a batch: b/<K>
 _SHARE = "q/"  # a participant's record of its share: q/<K>
 _ITEM = "li/"  # a transaction of a batch in flight, at its home: li/<client>/<id> -> K
+# Set by a copy's drop that queued commands sent again meanwhile (_drop), until the waiting commands were drained
+# (PartitionProcessor.expire_due): a crash between the two drains them when the record is delivered again.
+_WAKE = "lw"
 _COPY_TAG = "~copy"  # marks the internal holds a copy placed: a ReserveLinked after the copy's wait ended holds anew
 # Ends the detail of a vote refusing a transaction whose answer is not the batch's to give (decided before, or in
 # flight alone or in another batch): its home answers it by that decision, and a retry of the batch leaves it out.
@@ -309,10 +312,11 @@ class LinkedSpanning:
         batch's decision, which will not come from this copy) is decided now, before the drop's StateChange (a
         redo finds it decided or waiting): sent again alone, it waits, once per time it was sent, as a command
         behind a transaction in flight does (spanning.wait), and is decided alone when its turn comes
-        (spanning.drain), at the log time of the drop; sent again only inside other linked batches, which failed
-        on it for being in flight, that refusal is its decision (it never posts alone: it was only ever sent
-        linked to commands that did not post)."""
+        (spanning.drain, at once: the drop's StateChange marks them to be drained, _WAKE), at the log time of the
+        drop; sent again only inside other linked batches, which failed on it for being in flight, that refusal
+        is its decision (it never posts alone: it was only ever sent linked to commands that did not post)."""
         proc, position = self.proc, self.proc.position
+        queued: list[tuple[str, Any]] = []
         for index, count in sorted(share.get("retries", {}).items(), key=lambda r: int(r[0])):
             client_id, retried_id, wire = share["items"][int(index)]
             command = self._transaction({"client_id": client_id, "command_id": retried_id, "transaction": wire},
@@ -322,6 +326,7 @@ class LinkedSpanning:
                     proc.position = f"{position}:{key}:{index}:{n}"
                     proc.spanning.wait(command, offset)
                 proc.position = position
+                queued = [(_WAKE, 1)]
                 continue
             stored = self.state.change_record(client_id, retried_id)
             if stored is None:
@@ -338,7 +343,18 @@ class LinkedSpanning:
             self.proc.execute(core.ReleaseHold(command_id=names.step_id(key, "uncopy", account_id),
                                                client_id=ENGINE_CLIENT, at_ms=at_ms, hold_id=hold_id), offset)
         self.proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
-                                records=[*self._ended(key, share), *self._wait_ended(key)])
+                                records=[*self._ended(key, share), *self._wait_ended(key), *queued])
+
+    def wake_due(self) -> bool:
+        """Whether a copy's drop queued commands that have not been drained yet (_WAKE)."""
+        return bool(self.state.record(_WAKE))
+
+    def woken(self, offset: int, at_ms: int) -> None:
+        """The commands a copy's drop queued were drained: the mark ends, in a StateChange after the drain's."""
+        command_id = names.step_id(_WAKE, "woken", f"{self.proc.partition}:{self.proc.position}")
+        if self.state.change_record(ENGINE_CLIENT, command_id) is None:
+            self.proc.commit_change(ENGINE_CLIENT, command_id, "", offset, _accepted(command_id, at_ms),
+                                    records=[(_WAKE, None)])
 
     def _wait_ended(self, key: str) -> list[tuple[str, Any]]:
         due = self.state.copy_dues.get(key)
