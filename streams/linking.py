@@ -9,7 +9,8 @@ shell supplies what the engine knows, in the order a single command meets it (st
 2. The due holds expire (log time), as before any decision. A batch naming another partition as its
    coordinator is the producer's copy of a batch across partitions: its share here is reserved
    (streams/spanning_linked.py, copy) and nothing is answered; an item that failed the checks of step 1 there
-   ends the copy (its client's policy is the coordinator's to apply, and answer).
+   ends the copy, and what those checks answered or remembered there is undone (a dead letter stays): the
+   coordinator applies the same checks and answers.
 3. A producer's copy of a transaction placed in several partitions is its coordinator's to answer: not
    answered here, and the others are refused linked_spans_partitions.
 4. Where each command is decided (PartitionProcessor.route). A batch touching any partition but this one
@@ -34,6 +35,7 @@ every readable command is then refused invalid_command.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from schemas.codec import DecodeError
@@ -90,6 +92,7 @@ class Linking:
             return
         # A copy of a batch across partitions the producer also wrote to its coordinator (placement.linked_placements).
         copy = coordinator is not None and coordinator != proc.partition
+        outputs, changelog, tally = len(proc.outputs), len(proc.changelog), Counter(proc.tally)
         commands: list[tuple[int, core.Command]] = []
         failure: tuple[core.Command | None, str] | None = None  # the first item that failed: (it, detail)
         for index, record in records:
@@ -115,8 +118,16 @@ class Linking:
                 failure = (admitted, linked.failed(admitted.command_id, Rejection.NOT_PERMITTED.code))
             commands.append((index, admitted))
         if failure is not None:
-            if not copy:  # a copy reserves nothing: the coordinator judges the same commands and answers them
-                self._refuse_others(offset, commands, *failure)
+            if copy:
+                # A copy reserves nothing and answers nothing: the coordinator reads the same commands, judges them
+                # the same and answers them, once (an unreadable one remembered here too was decided twice). What
+                # the checks answered or remembered here is undone; a dead letter stays (it answers these bytes).
+                proc.state.rollback()
+                del proc.outputs[outputs:]
+                del proc.changelog[changelog:]
+                proc.tally = tally
+                return
+            self._refuse_others(offset, commands, *failure)
             return
         proc.expire_due(offset, timestamp_ms)
         if copy:  # this partition reserves its share now, at the producer's position; the coordinator answers

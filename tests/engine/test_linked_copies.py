@@ -304,3 +304,28 @@ def test_a_batch_holding_a_transaction_under_way_at_its_coordinator_decides_noth
     assert balances(bus) == {X1: (400, 0), X2: (0, 0), Y1: (700, 0), Y2: (0, 0)}
     assert not engine_records(bus)
     assert_books_balance(bus, ("USD",))
+
+
+def test_an_unreadable_command_in_a_copy_is_answered_by_the_coordinator_only():
+    """The batch, copies and all, holds a transaction whose amount cannot be read. The coordinator answers it
+    (invalid_amount, remembered) and refuses the others; the copy reserves nothing and answers nothing (before,
+    the copy's partition remembered invalid_amount too: the command was decided in two partitions)."""
+    bus = funded(y1=100)
+    oracles = Oracles(bus)
+    bad = command("bad", "PostTransaction", {
+        "transaction_id": "bad", "kind": "transfer", "reference": None, "links": [], "metadata": {},
+        "occurred_at_ms": None, "rate_snapshot_id": None,
+        "legs": [{"account_id": Y1, "amount": "abc", "hold_id": None, "currency": None},
+                 {"account_id": X2, "amount": "1", "hold_id": None, "currency": None}]})
+    l1, l2 = transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y1, -80), (X2, 80))
+    for item in (l1, l2, bad):
+        oracles.sent_command(item)
+    placed = C.encode("command_batch", {**C.decode("command_batch", linked(l1, l2, bad)), "coordinator": 0})
+    for partition in (0, 1):
+        bus.send_to(partition, placed, at_ms=bus.clock + 1, key=routing.routing_key_for(X1).encode())
+    bus.run()
+    oracles.check_quiet()
+    assert [(e.partition, e.result["command_id"], e.result["reason"]) for e in bus.emitted
+            if e.result["command_id"] in ("l1", "l2", "bad") and (e.partition == 1 or e.result["command_id"] == "bad")
+            ] == [(0, "bad", "invalid_amount")]
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (100, 0), Y2: (0, 0)}
