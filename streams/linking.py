@@ -5,7 +5,8 @@ shell supplies what the engine knows, in the order a single command meets it (st
 
 1. Each item is decoded and admitted as a client command (seal, authentication, limits, readable fields,
    then the client's policy, except for a command decided before: its stored answer stands, as for one
-   sent alone). An item that fails is answered as it would be alone (dead letter or rejection).
+   sent alone). An item that fails is answered as it would be alone (dead letter or rejection); the others
+   are refused linked_failed, or, when they touch another partition, linked_spans_partitions (not a decision).
 2. The due holds expire (log time), as before any decision. A batch naming another partition as its
    coordinator is the producer's copy of a batch across partitions: its share here is reserved
    (streams/spanning_linked.py, copy) and nothing is answered; an item that failed the checks of step 1 there
@@ -127,6 +128,12 @@ class Linking:
                 del proc.changelog[changelog:]
                 proc.tally = tally
                 return
+            if self._spans_partitions(commands):
+                # Across partitions, a batch that cannot be linked decides none of the others (their homes may be
+                # elsewhere: remembered here, one sent alone to its home was decided twice), as judge_placement's.
+                others = [(index, command) for index, command in commands if command is not failure[0]]
+                self._refuse_each(offset, others, Rejection.LINKED_SPANS_PARTITIONS, failure[1])
+                return
             self._refuse_others(offset, commands, *failure)
             return
         proc.expire_due(offset, timestamp_ms)
@@ -135,6 +142,11 @@ class Linking:
             proc.linked_spanning.copy(offset, [command for _, command in commands], coordinator)
             return
         self._judge(offset, commands)
+
+    def _spans_partitions(self, commands: list[tuple[int, core.Command]]) -> bool:
+        """Whether these commands, as the engine routes them, touch a partition besides this one."""
+        routes = [self.proc.route(command) for _, command in commands]
+        return linked.judge_placement((self._touched(route) for route in routes), self.proc.partition) is not None
 
     def _seen(self, command: core.Command) -> bool:
         return self.proc.state.processed((command.client_id, command.command_id)) is not None

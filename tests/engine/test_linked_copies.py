@@ -329,3 +329,31 @@ def test_an_unreadable_command_in_a_copy_is_answered_by_the_coordinator_only():
             if e.result["command_id"] in ("l1", "l2", "bad") and (e.partition == 1 or e.result["command_id"] == "bad")
             ] == [(0, "bad", "invalid_amount")]
     assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (100, 0), Y2: (0, 0)}
+
+
+def test_a_batch_across_partitions_refused_for_an_unreadable_command_decides_none_of_the_others():
+    """The batch l1, l2, bad (l2's home is partition 1) is refused at its coordinator for bad, which cannot be
+    read. The others are answered linked_spans_partitions, not remembered (the batch decides none of them, as a
+    batch that cannot be linked across partitions); l2 sent alone to its home is then decided there, once
+    (before, the coordinator remembered l2 linked_failed, and l2 was decided again at its home)."""
+    bus = funded(y1=100)
+    oracles = Oracles(bus)
+    bad = command("bad", "PostTransaction", {
+        "transaction_id": "bad", "kind": "transfer", "reference": None, "links": [], "metadata": {},
+        "occurred_at_ms": None, "rate_snapshot_id": None,
+        "legs": [{"account_id": X1, "amount": "abc", "hold_id": None, "currency": None},
+                 {"account_id": X2, "amount": "1", "hold_id": None, "currency": None}]})
+    l1, l2 = transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y1, -80), (X2, 80))
+    for item in (l1, l2, bad):
+        oracles.sent_command(item)
+    bus.send(linked(l1, l2, bad), X1)
+    bus.run()
+    assert answers(bus, "l1", "l2", "bad") == [("l1", "rejected", "linked_spans_partitions", False),
+                                               ("l2", "rejected", "linked_spans_partitions", False),
+                                               ("bad", "rejected", "invalid_amount", False)]
+    assert "bad" in bus.result("l2")["detail"]
+    bus.send(l2, Y1)
+    bus.run()
+    oracles.check_quiet()
+    assert answers(bus, "l2")[-1] == ("l2", "accepted", None, False)
+    assert balances(bus) == {X1: (1_000, 0), X2: (80, 0), Y1: (20, 0), Y2: (0, 0)}
