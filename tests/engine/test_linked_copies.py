@@ -4,11 +4,14 @@ producer's own position, so a command the producer sends after the batch never o
 Broker-free, through eight partition processors (tests/helpers/bus.py)."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from streams import routing
+from streams import placement, routing
 from streams.spanning import COPY_WAIT_MS
 from tests.helpers.bus import C, Bus, Crash, assert_books_balance
+from tests.helpers.interleavings import CHAOS, checked_bus, send
 from tests.helpers.oracles import Oracles
 from tests.helpers.records import N, command, linked, local_users, open_account, transfer
 
@@ -357,3 +360,65 @@ def test_a_batch_across_partitions_refused_for_an_unreadable_command_decides_non
     oracles.check_quiet()
     assert answers(bus, "l2")[-1] == ("l2", "accepted", None, False)
     assert balances(bus) == {X1: (1_000, 0), X2: (80, 0), Y1: (20, 0), Y2: (0, 0)}
+
+
+# --- copies amid everything else, delivered in random orders with crashes -----------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 7, 11, 19, 23, 34])
+@pytest.mark.parametrize("changelog_cuts", ["anywhere", "transaction"])
+def test_copies_keep_every_promise_while_producers_die_retry_and_log_time_jumps(seed, changelog_cuts):
+    """Linked batches among accounts of three partitions written as LedgerClient writes them, some by a producer
+    that died before writing the coordinator's record (copies only), some holding a command of an earlier
+    batch; commands of earlier batches sent again alone; log time jumping by half a copy's wait; random
+    delivery with crashes and restarts; finally every copy's wait ends. Every promise's oracle holds after each
+    step and once quiet: every command sent is answered (before, a command sent again alone while only a copy
+    marked it in flight was never answered once the copy was dropped), nothing stays reserved."""
+    rng = random.Random(seed)
+    bus, oracles = checked_bus(changelog_cuts=changelog_cuts)
+    accounts = [a for p in range(3) for a in local_users(2, partition=p)]
+    for account in accounts:
+        send(bus, oracles, open_account(account), account)
+    for account in accounts:
+        send(bus, oracles, transfer(f"dep:{account}", ("sys:world:USD", -500), (account, 500)), account)
+    bus.run()
+
+    def log_time_moves(name: str) -> None:  # a command in every partition, at the bus's clock
+        for p in range(3):
+            a, b = local_users(2, partition=p)
+            send(bus, oracles, transfer(f"{name}-{p}", (a, 0), (b, 0)), a)
+
+    sent: list[tuple[bytes, str]] = []  # the commands of every batch written, with their payers
+    for n in range(14):
+        r = rng.random()
+        if r < 0.55 or not sent:
+            items = [rng.choice(sent)] if sent and rng.random() < 0.3 else []
+            while len(items) < rng.randint(1, 3):
+                payer, payee = rng.sample(accounts, 2)
+                amount = rng.choice((50, 200, 450, 900))
+                items.append((transfer(f"b{n}-{len(items)}", (payer, -amount), (payee, amount)), payer))
+            values = [value for value, _ in items]
+            records = [C.decode("command", value) for value in values]
+            coordinator, partitions = placement.linked_placements(records, items[0][1], bus.n)
+            placed = C.encode("command_batch", {**C.decode("command_batch", linked(*values)),
+                                                "coordinator": coordinator if len(partitions) > 1 else None})
+            copies_only = len(partitions) > 1 and rng.random() < 0.3
+            if not copies_only:
+                for value in values:
+                    oracles.sent_command(value)
+            bus.clock += 1
+            for p in partitions:
+                if not (copies_only and p == coordinator):
+                    bus.send_to(p, placed, bus.clock, routing.routing_key_for(items[0][1]).encode())
+            sent += items
+        elif r < 0.75:
+            send(bus, oracles, *rng.choice(sent))  # a command of a batch, alone, to its home
+        else:
+            bus.clock += COPY_WAIT_MS // 2 + rng.randint(0, 1_000)
+            log_time_moves(f"t{n}")
+        for _ in range(rng.choice((0, 1, 2))):
+            bus.tick(rng, **CHAOS)
+            oracles.check_step()
+    bus.run_random(rng, oracles.check_step, **CHAOS)
+    bus.clock += COPY_WAIT_MS + 1  # every copy's wait ends
+    log_time_moves("end")
+    bus.run_random(rng, oracles.check_step, **CHAOS)
+    oracles.check_quiet()
