@@ -66,6 +66,7 @@ from streams.store import RocksStore
 
 log = logging.getLogger("ledger.engine")
 FLUSH_TIMEOUT_S = 60.0
+FATAL_REASON_WAIT_S = 2.0  # how long a refused call waits for the fatal error callback that says why (_raise)
 # Follow-up commands sharing one CommandBatch record: far below Kafka's 1 MiB default record limit.
 FOLLOW_UPS_PER_RECORD = 500
 FOLLOW_UP_RECORD_BYTES = 512 * 1024
@@ -682,12 +683,19 @@ class Engine:
     def _raise(self, p: int, exc: KafkaException) -> None:
         error = exc.args[0]
         if error.code() == KafkaError._FATAL and p not in self._fatal and p in self.producers:
-            # The producer turned fatal in its own thread (the broker fenced it) and refused this call before any
-            # poll served the error callback that says why: serve it now.
-            try:
-                self.producers[p].poll(0)
-            except Exception:  # noqa: BLE001 - only the reason is wanted here; the failure is raised below
-                pass
+            # The producer turned fatal in its own thread (the broker fenced it) and refused this call with a bare
+            # _FATAL. The reason comes out of the next poll: confluent-kafka raises it there as a KafkaException
+            # (the error callback is not called for it; measured with a fenced transactional producer), or,
+            # with other versions, serves it to the error callback. Asked for up to FATAL_REASON_WAIT_S, on this
+            # failure path only.
+            deadline = time.monotonic() + FATAL_REASON_WAIT_S
+            while p not in self._fatal and time.monotonic() < deadline:
+                try:
+                    self.producers[p].poll(0.05)
+                except KafkaException as reason:
+                    self._fatal[p] = reason.args[0]
+                except Exception:  # noqa: BLE001 - only the reason is wanted here; the failure is raised below
+                    break
         if error.code() == KafkaError._FATAL and p in self._fatal:
             # A producer that became fatal in an earlier call refuses every later one with a bare _FATAL; the
             # reason is the fatal error it reported then (a fence, for a transactional producer).
