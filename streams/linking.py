@@ -96,6 +96,7 @@ class Linking:
         outputs, changelog, tally = len(proc.outputs), len(proc.changelog), Counter(proc.tally)
         commands: list[tuple[int, core.Command]] = []
         failure: tuple[core.Command | None, str] | None = None  # the first item that failed: (it, detail)
+        denied: tuple[core.Command, str] | None = None  # the first command its client's policy refuses, and why
         for index, record in records:
             if record is None:
                 failure = failure or (None, linked.failed(f"command {index} of the batch", "dead_letter"))
@@ -114,8 +115,7 @@ class Linking:
             # before its client's policy is read again.
             refusal = None if self._seen(admitted) else proc.not_permitted(admitted)
             if refusal is not None and failure is None:
-                if not copy:  # (a copy's commands are the coordinator's to answer)
-                    proc.reject_command(admitted, Rejection.NOT_PERMITTED, refusal)
+                denied = (admitted, refusal)  # answered below: decided here only if the batch stays here
                 failure = (admitted, linked.failed(admitted.command_id, Rejection.NOT_PERMITTED.code))
             commands.append((index, admitted))
         if failure is not None:
@@ -129,11 +129,21 @@ class Linking:
                 proc.tally = tally
                 return
             if self._spans_partitions(commands):
-                # Across partitions, a batch that cannot be linked decides none of the others (their homes may be
-                # elsewhere: remembered here, one sent alone to its home was decided twice), as judge_placement's.
+                # Across partitions, a batch that cannot be linked decides none of its commands (their homes may be
+                # elsewhere: remembered here, one sent alone to its home was decided twice), as judge_placement's;
+                # the command its client's policy refuses neither (its policy is judged again, at its home, when
+                # it is sent otherwise).
                 others = [(index, command) for index, command in commands if command is not failure[0]]
+                if denied is not None:
+                    self._refuse_each(offset, [(index, command) for index, command in commands
+                                               if command is denied[0]], Rejection.LINKED_SPANS_PARTITIONS,
+                                      f"not permitted: {denied[1]}; a linked batch across partitions that cannot "
+                                      f"be linked decides none of its commands")
                 self._refuse_each(offset, others, Rejection.LINKED_SPANS_PARTITIONS, failure[1])
                 return
+            if denied is not None:
+                proc.position = f"{offset}.{next(index for index, command in commands if command is denied[0])}"
+                proc.reject_command(denied[0], Rejection.NOT_PERMITTED, denied[1])
             self._refuse_others(offset, commands, *failure)
             return
         proc.expire_due(offset, timestamp_ms)

@@ -174,3 +174,43 @@ def test_the_engines_follow_ups_are_not_judged_again_and_a_refused_transaction_r
     assert results(bus, "both") == [("rejected", "not_permitted", False)]
     assert bus.account(A) == (65, 0) and bus.account(far) == (135, 0)
     assert_books_balance(bus, ("USD",))
+
+
+def test_a_linked_batch_across_partitions_with_a_command_outside_the_policy_decides_none_of_them():
+    """The batch [pay, steal] is sent to A's partition; steal (the fees' money to far, whose home is far's
+    partition) is outside the wallet's policy. Across partitions the batch decides none of its commands: both
+    are answered linked_spans_partitions, remembered nowhere, the policy's reason in steal's detail. Sent alone to
+    its home, steal is decided there, once (remembered not_permitted at A's partition, it was decided twice)."""
+    from tests.helpers.records import linked
+
+    bus = secured_bus()
+    funded(bus)
+    far = next(f"user:{i}:USD" for i in range(100, 10_000) if routing.partition_of_account(f"user:{i}:USD", N)
+               != routing.partition_of_account(A, N))
+    send(bus, open_account(far, client="wallet"), far)
+    bus.run()
+    steal = wallet_tx("steal", ("sys:fees:USD", -5), (far, 5))
+    send(bus, linked(wallet_tx("pay", (A, -10), (far, 10)), steal), A)
+    bus.run()
+    assert results(bus, "pay") == [("rejected", "linked_spans_partitions", False)]
+    assert results(bus, "steal") == [("rejected", "linked_spans_partitions", False)]
+    assert "not permitted: policy 'wallet' rule debit" in bus.result("steal")["detail"]
+    send(bus, steal, far)
+    bus.run()
+    decisions = [r for r in bus.results if r["command_id"] == "steal" and r["reason"] == "not_permitted"]
+    assert [(r["duplicate"]) for r in decisions] == [False]
+    assert bus.account(A) == (1_000, 0) and bus.account(far) == (0, 0)
+
+
+def test_a_linked_batch_in_one_partition_with_a_command_outside_the_policy_remembers_its_refusal():
+    from tests.helpers.records import linked
+
+    bus = secured_bus()
+    funded(bus)
+    send(bus, linked(wallet_tx("pay", (A, -10), (B, 10)), wallet_tx("steal", ("sys:fees:USD", -5), (A, 5))), A)
+    bus.run()
+    assert results(bus, "steal") == [("rejected", "not_permitted", False)]
+    assert results(bus, "pay") == [("rejected", "linked_failed", False)]
+    send(bus, wallet_tx("steal", ("sys:fees:USD", -5), (A, 5)), A)
+    bus.run()
+    assert results(bus, "steal")[-1] == ("rejected", "not_permitted", True)
