@@ -42,8 +42,14 @@ def _commands_of(c, raw: bytes | None) -> tuple[list[tuple[int | None, bytes | N
     return [(None, raw)], None
 
 
+def _is_copy(coordinator: int | None, partition: int, partitions: int | None) -> bool:
+    """A linked batch's copy: its record names another partition, one that exists, as the coordinator (the worker
+    answers every command of a batch naming one that does not exist, so its commands are commands sent)."""
+    return coordinator is not None and coordinator != partition and 0 <= coordinator < (partitions or 2**31)
+
+
 def records_of(name: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
-               raw: bytes | None) -> list[TopicRecord]:
+               raw: bytes | None, partitions: int | None = None) -> list[TopicRecord]:
     """The decoded record(s) of one Kafka record of a ledger topic, as read_topic yields them: on the commands
     topic a CommandBatch gives one record per command (with its index); bytes that do not decode give value None."""
     c = codec()
@@ -56,7 +62,7 @@ def records_of(name: str, partition: int, offset: int, timestamp_ms: int, key: b
         except DecodeError:
             value = None
         records.append(TopicRecord(partition, offset, timestamp_ms, key, item, value, index,
-                                   copy=coordinator is not None and coordinator != partition))
+                                   copy=_is_copy(coordinator, partition, partitions)))
     return records
 
 
@@ -97,7 +103,8 @@ def read_topic(settings: Settings, name: str, decode: bool = True,
                 if end is None or msg.offset() >= end:
                     continue
                 if decode:
-                    yield from records_of(name, partition, msg.offset(), msg.timestamp()[1], msg.key(), msg.value())
+                    yield from records_of(name, partition, msg.offset(), msg.timestamp()[1], msg.key(), msg.value(),
+                                          settings.partitions)
                 else:
                     yield TopicRecord(partition, msg.offset(), msg.timestamp()[1], msg.key(), msg.value(), None)
                 if msg.offset() + 1 >= end:
