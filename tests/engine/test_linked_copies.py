@@ -48,6 +48,13 @@ def engine_records(bus: Bus) -> list[bytes]:
     return [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/")]
 
 
+def assert_y1_first_batch_posted(bus: Bus) -> None:
+    """The batch l1 (Y1 pays X2 80), l2 (X1 pays Y1 600) from funded(y1=100) posted whole, nothing left in flight."""
+    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
+    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
+
+
 def spending_what_came_first() -> bytes:
     """X1 pays Y1 600 (partition 0 to 1), then Y1 pays X2 500 of it (1 to 0)."""
     return linked(transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y1, -500), (X2, 500)))
@@ -129,9 +136,7 @@ def test_the_copy_holds_what_its_share_takes_until_the_decision():
     bus.step(1)
     assert answers(bus, "after") == [("after", "rejected", "insufficient_funds", False)]
     bus.run()
-    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
-    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
-    assert not engine_records(bus)
+    assert_y1_first_batch_posted(bus)
     assert_books_balance(bus, ("USD",))
 
 
@@ -155,9 +160,7 @@ def test_a_copy_whose_coordinator_never_got_the_batch_is_dropped_after_its_wait_
     assert not answers(bus, "l1", "l2") and not engine_records(bus)
     bus.send_linked_placed(batch, X1)
     bus.run()
-    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
-    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
-    assert not engine_records(bus)
+    assert_y1_first_batch_posted(bus)
     assert_books_balance(bus, ("USD",))
 
 
@@ -169,9 +172,7 @@ def test_a_copy_read_after_the_coordinator_s_reserve_reserves_nothing_more():
     bus.step(0)  # begun: ReserveLinked is in partition 1's log before the copy
     bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
     bus.run()
-    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
-    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
-    assert not engine_records(bus)
+    assert_y1_first_batch_posted(bus)
 
 
 def test_a_copy_of_other_payloads_under_the_batch_s_ids_is_undone_when_the_real_batch_reserves():
@@ -188,9 +189,7 @@ def test_a_copy_of_other_payloads_under_the_batch_s_ids_is_undone_when_the_real_
     bus.step(1)
     assert bus.account(Y1) == (100, 90)
     bus.run()
-    assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
-    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
-    assert not engine_records(bus)
+    assert_y1_first_batch_posted(bus)
     assert_books_balance(bus, ("USD",))
 
 
