@@ -307,20 +307,27 @@ def test_a_batch_holding_a_transaction_under_way_at_its_coordinator_decides_noth
     assert_books_balance(bus, ("USD",))
 
 
+def unreadable_batch(payer: str, oracles: Oracles) -> tuple[bytes, bytes, bytes]:
+    """bad (payer pays X2 an amount that cannot be read), l1 (X1 pays Y1 600), l2 (Y1 pays X2 80), told to the
+    oracles as sent."""
+    bad = command("bad", "PostTransaction", {
+        "transaction_id": "bad", "kind": "transfer", "reference": None, "links": [], "metadata": {},
+        "occurred_at_ms": None, "rate_snapshot_id": None,
+        "legs": [{"account_id": payer, "amount": "abc", "hold_id": None, "currency": None},
+                 {"account_id": X2, "amount": "1", "hold_id": None, "currency": None}]})
+    l1, l2 = transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y1, -80), (X2, 80))
+    for item in (l1, l2, bad):
+        oracles.sent_command(item)
+    return bad, l1, l2
+
+
 def test_an_unreadable_command_in_a_copy_is_answered_by_the_coordinator_only():
     """The batch, copies and all, holds a transaction whose amount cannot be read. The coordinator answers it
     (invalid_amount, remembered) and refuses the others; the copy reserves nothing and answers nothing (before,
     the copy's partition remembered invalid_amount too: the command was decided in two partitions)."""
     bus = funded(y1=100)
     oracles = Oracles(bus)
-    bad = command("bad", "PostTransaction", {
-        "transaction_id": "bad", "kind": "transfer", "reference": None, "links": [], "metadata": {},
-        "occurred_at_ms": None, "rate_snapshot_id": None,
-        "legs": [{"account_id": Y1, "amount": "abc", "hold_id": None, "currency": None},
-                 {"account_id": X2, "amount": "1", "hold_id": None, "currency": None}]})
-    l1, l2 = transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y1, -80), (X2, 80))
-    for item in (l1, l2, bad):
-        oracles.sent_command(item)
+    bad, l1, l2 = unreadable_batch(Y1, oracles)
     placed = C.encode("command_batch", {**C.decode("command_batch", linked(l1, l2, bad)), "coordinator": 0})
     for partition in (0, 1):
         bus.send_to(partition, placed, at_ms=bus.clock + 1, key=routing.routing_key_for(X1).encode())
@@ -339,14 +346,7 @@ def test_a_batch_across_partitions_refused_for_an_unreadable_command_decides_non
     (before, the coordinator remembered l2 linked_failed, and l2 was decided again at its home)."""
     bus = funded(y1=100)
     oracles = Oracles(bus)
-    bad = command("bad", "PostTransaction", {
-        "transaction_id": "bad", "kind": "transfer", "reference": None, "links": [], "metadata": {},
-        "occurred_at_ms": None, "rate_snapshot_id": None,
-        "legs": [{"account_id": X1, "amount": "abc", "hold_id": None, "currency": None},
-                 {"account_id": X2, "amount": "1", "hold_id": None, "currency": None}]})
-    l1, l2 = transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y1, -80), (X2, 80))
-    for item in (l1, l2, bad):
-        oracles.sent_command(item)
+    bad, l1, l2 = unreadable_batch(X1, oracles)
     bus.send(linked(l1, l2, bad), X1)
     bus.run()
     assert answers(bus, "l1", "l2", "bad") == [("l1", "rejected", "linked_spans_partitions", False),
