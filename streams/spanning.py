@@ -678,8 +678,19 @@ class Spanning:
             return  # this very record redone after a crash: it waits already
         queue = self.state.record(WAITING) or []
         if len(queue) >= WAITING_LIMIT:
-            proc.reject_command(command, Rejection.IN_FLIGHT,
-                                 f"{len(queue)} commands already wait for transactions in flight here")
+            detail = f"{len(queue)} commands already wait for transactions in flight here"
+            if isinstance(command, core.PostTransaction) and self.is_copy(command):
+                # A producer's copy: the coordinator alone answers the client (refused here under the client's id,
+                # it was a second decision of the command, P4). The refusal is this partition's copy step, which
+                # the coordinator's Reserve takes as its vote, as for a copy that cannot reserve.
+                copy_id = names.step_id(names.transaction_key(command.client_id, command.command_id), "copy",
+                                        proc.partition)
+                if self.state.change_record(ENGINE_CLIENT, copy_id) is None:
+                    proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(command), offset,
+                                       rejection_to_wire(copy_id, ENGINE_CLIENT, command.at_ms, Rejection.IN_FLIGHT,
+                                                         detail))
+                return
+            proc.reject_command(command, Rejection.IN_FLIGHT, detail)
             return
         entry = {"keys": self._keys(command), "command": _jsonable(command_to_wire(command)), "at_ms": command.at_ms}
         proc.commit_change(ENGINE_CLIENT, wait_id, "", offset,
