@@ -1,9 +1,10 @@
 """A known gap of the order across partitions (P10), written down as strict expected failures: a payment sent
 right after a transfer to the account it spends from, while the transfer is still in flight across partitions,
 is decided against what the account holds now and refused for the money the transfer is bringing, though it
-was sent after it. Making such a debit wait for the credits in flight passed these scenarios, but a worker
-fenced and replaced mid-batch (tests/engine/test_faults.py, the paused worker) then gave commands two different
-decisions: the waiting queue is not yet safe for that much traffic (docs/engine.md, "Order across partitions").
+was sent after it. Making such a debit wait for the credits in flight passed these scenarios, but under the
+paused-worker fault test's traffic (tests/engine/test_faults.py) it filled the waiting queue, which then gave
+copies a second decision (fixed since: tests/engine/test_waiting_full_copy.py), and answered far too slowly: the
+queue is not built for that much use (docs/engine.md, "Order across partitions").
 Broker-free, through eight partition processors."""
 from __future__ import annotations
 
