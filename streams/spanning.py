@@ -635,11 +635,18 @@ class Spanning:
         return [key for _, key in due]
 
     # --- commands that wait for transactions in flight -----------------------------------------------------
-    def _keys(self, command: core.Command) -> list[str]:
+    def _keys(self, command: core.Command, system: bool = False) -> list[str]:
+        """What a waiting command holds back (a later command naming one of them keeps its place behind it):
+        its holds and accounts. A transaction's legs on system accounts are left out: those accounts are
+        everyone's (allow negative, no cap), so a deposit waiting behind one user's freeze would otherwise hold
+        back every deposit of the partition. system=True: the keys a command is looked up by, its system legs
+        included, so it still keeps its place behind a waiting command on a system account itself (a freeze of
+        a shard)."""
         keys: list[str] = []
         if isinstance(command, core.PostTransaction):
             for leg in command.legs:
-                keys.append(f"a:{leg.account_id}")
+                if system or not routing.is_system(leg.account_id):
+                    keys.append(f"a:{leg.account_id}")
                 if leg.hold_id is not None:
                     keys.append(f"h:{leg.hold_id}")
         else:
@@ -664,7 +671,7 @@ class Spanning:
         queue = self.state.record(WAITING)
         if queue:
             waiting = {k for entry in queue for k in entry["keys"]}
-            if waiting.intersection(self._keys(command)):
+            if waiting.intersection(self._keys(command, system=True)):
                 return True
         return self._blocked(command, earlier or {})
 
@@ -710,7 +717,7 @@ class Spanning:
             for i, entry in enumerate(queue):
                 record = entry["command"]
                 command = command_from_wire({**record, "body": tuple(record["body"])}, entry["at_ms"])
-                if not ahead.intersection(entry["keys"]) and not self._blocked(command, {}):
+                if not ahead.intersection(self._keys(command, system=True)) and not self._blocked(command, {}):
                     chosen = i, command
                     break
                 ahead.update(entry["keys"])
