@@ -11,7 +11,7 @@ import pytest
 from streams import placement, routing
 from streams.spanning import COPY_WAIT_MS
 from tests.helpers.bus import C, Bus, Crash, assert_books_balance
-from tests.helpers.interleavings import CHAOS, checked_bus, send
+from tests.helpers.interleavings import CHAOS, checked_bus, funded_users, send
 from tests.helpers.oracles import Oracles
 from tests.helpers.records import N, command, linked, local_users, open_account, transfer
 
@@ -372,12 +372,7 @@ def test_copies_keep_every_promise_while_producers_die_retry_and_log_time_jumps(
     marked it in flight was never answered once the copy was dropped), nothing stays reserved."""
     rng = random.Random(seed)
     bus, oracles = checked_bus(changelog_cuts=changelog_cuts)
-    accounts = [a for p in range(3) for a in local_users(2, partition=p)]
-    for account in accounts:
-        send(bus, oracles, open_account(account), account)
-    for account in accounts:
-        send(bus, oracles, transfer(f"dep:{account}", ("sys:world:USD", -500), (account, 500)), account)
-    bus.run()
+    accounts = funded_users(bus, oracles)
 
     def log_time_moves(name: str) -> None:  # a command in every partition, at the bus's clock
         for p in range(3):

@@ -9,7 +9,7 @@ import pytest
 
 from streams import routing
 from tests.helpers.bus import C, Bus, assert_books_balance
-from tests.helpers.interleavings import CHAOS, checked_bus, send
+from tests.helpers.interleavings import CHAOS, checked_bus, funded_users, send
 from tests.helpers.records import N, command, linked, local_users, open_account, transfer
 
 X1, X2 = local_users(2, partition=0)
@@ -167,12 +167,7 @@ def test_linked_batches_across_partitions_keep_every_promise_through_crashes(see
     and each batch is all or nothing, every command of it answered once."""
     rng = random.Random(seed)
     bus, oracles = checked_bus(changelog_cuts=changelog_cuts)
-    accounts = [a for p in range(3) for a in local_users(2, partition=p)]
-    for account in accounts:
-        send(bus, oracles, open_account(account), account)
-    for account in accounts:
-        send(bus, oracles, transfer(f"dep:{account}", ("sys:world:USD", -500), (account, 500)), account)
-    bus.run()
+    accounts = funded_users(bus, oracles)
     batches: list[list[str]] = []
     sent: list[tuple[bytes, str]] = []
     linked_items: list[tuple[bytes, str]] = []

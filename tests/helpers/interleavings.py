@@ -15,7 +15,7 @@ from schemas.codec import codec
 from streams import placement, routing
 from tests.helpers.bus import Bus
 from tests.helpers.oracles import Oracles
-from tests.helpers.records import N, batch, command, linked, open_account, tx
+from tests.helpers.records import N, batch, command, linked, local_users, open_account, transfer, tx
 from tests.helpers.trade import BUYER_BTC, BUYER_USDT, SELLER_BTC, SELLER_USDT
 
 C = codec()
@@ -25,6 +25,19 @@ CHAOS = {"max_records": 3, "crash_rate": 0.15, "restart_rate": 0.05}
 def checked_bus(**options) -> tuple[Bus, Oracles]:
     bus = Bus(**options)
     return bus, Oracles(bus)
+
+
+def funded_users(bus: Bus, oracles: Oracles, partitions: int = 3, per_partition: int = 2,
+                 amount: int = 500) -> list[str]:
+    """per_partition USD users in each of the first partitions, opened and given amount each, told to the
+    oracles, delivered; returns them, partition by partition."""
+    accounts = [a for p in range(partitions) for a in local_users(per_partition, partition=p)]
+    for account in accounts:
+        send(bus, oracles, open_account(account), account)
+    for account in accounts:
+        send(bus, oracles, transfer(f"dep:{account}", ("sys:world:USD", -amount), (account, amount)), account)
+    bus.run()
+    return accounts
 
 
 def send(bus: Bus, oracles: Oracles, value: bytes, account: str, at_ms: int | None = None) -> int:
