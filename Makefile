@@ -11,10 +11,11 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[test,registry]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,registry,native]'
 	@touch $(STAMP)
 
 install: $(STAMP)
+	$(BIN)/python -m schemas.cdecode build
 	scripts/kafka.sh fetch
 
 broker: install
@@ -75,6 +76,7 @@ bench-client: install
 
 bench-read: install
 	scripts/with-broker.sh scripts/with-postgres.sh $(BIN)/python benchmarks/replay_bench.py
+	$(BIN)/python benchmarks/load_bench.py
 
 # Restore time of a worker without local state against history length, with and without snapshots.
 # BENCH_RESTORE_ARGS="--sizes 10000,100000,1000000" for the long version.

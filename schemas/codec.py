@@ -65,10 +65,10 @@ class Codec:
     fastavro, several times faster); an older writer version is decoded by fastavro with resolution.
     """
 
-    def __init__(self, schema_dir: Path = SCHEMA_DIR):
+    def __init__(self, schema_dir: Path = SCHEMA_DIR, native: bool = True):
         self.current = {name: _load(schema_dir / f"{name}.avsc") for name in SCHEMA_NAMES}
         self._compiled: dict[str, Compiled] = {
-            name: compile_schema(s.parsed, prefix=s.header) for name, s in self.current.items()}
+            name: compile_schema(s.parsed, prefix=s.header, native=native) for name, s in self.current.items()}
         # Encoder (header included) and decoder of the current schema, by name.
         self._encoders = {name: c.encode for name, c in self._compiled.items()}
         self._decoders = {name: c.decode_at for name, c in self._compiled.items()}

@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 import fastavro
 
+from schemas import cdecode
+
 __all__ = ["Compiled", "compile_schema"]
 
 _PRIMITIVES = ("null", "boolean", "int", "long", "bytes", "string")
@@ -539,16 +541,28 @@ def _union_fallback(branches: list, named: dict[str, Any]) -> Callable[[Any], by
 
 
 class Compiled:
-    """The generated encoder and decoder of one schema."""
+    """The generated encoder and decoder of one schema.
 
-    __slots__ = ("schema", "encode", "decode_at", "source")
+    `decode_at` is the decoder compiled to C by schemas.cdecode when a build of this schema's `native_source`
+    is found, else the generated Python one; `python_decode_at` is always the Python one (the reference the
+    compiled one is tested against). Both return the same values and raise the same errors."""
+
+    __slots__ = ("schema", "encode", "decode_at", "source", "python_decode_at", "native_source")
 
     def __init__(self, schema: Any, encode: Callable[[Any], bytes],
-                 decode_at: Callable[[bytes, int], tuple[Any, int]], source: str):
+                 decode_at: Callable[[bytes, int], tuple[Any, int]], source: str,
+                 python_decode_at: Callable[[bytes, int], tuple[Any, int]] | None = None, native_source: str = ""):
         self.schema = schema
         self.encode = encode
         self.decode_at = decode_at
         self.source = source
+        self.python_decode_at = python_decode_at or decode_at
+        self.native_source = native_source
+
+    @property
+    def native(self) -> bool:
+        """Whether decode_at is the compiled decoder."""
+        return self.decode_at is not self.python_decode_at
 
     def decode(self, data: bytes | bytearray | memoryview, offset: int = 0) -> tuple[Any, int]:
         """(value, end offset) of the value at data[offset:]; raises on corrupt or truncated data."""
@@ -557,11 +571,11 @@ class Compiled:
         return self.decode_at(data, offset)
 
 
-def compile_schema(schema: Any, prefix: bytes = b"") -> Compiled:
+def compile_schema(schema: Any, prefix: bytes = b"", native: bool = True) -> Compiled:
     """Compile an Avro schema (JSON-parsed dict/list/str, or fastavro-parsed) into an encoder/decoder.
 
     `prefix` (e.g. a single-object header) is written before every encoded value; the decoder does
-    not read it (pass the offset after it).
+    not read it (pass the offset after it). `native`: use the compiled decoder when one is built.
     """
     _refuse_unsupported(_strip_hints(schema))
     named: dict[str, Any] = {}
@@ -580,7 +594,9 @@ def compile_schema(schema: Any, prefix: bytes = b"") -> Compiled:
     namespace: dict[str, Any] = dict(_HELPERS)
     namespace.update(gen.consts)
     exec(compile(source, f"<fastcodec {_describe(parsed)}>", "exec"), namespace)
-    return Compiled(parsed, namespace[enc], namespace[dec], source)
+    native_source = cdecode.source(gen, parsed)
+    compiled = cdecode.load(native_source) if native else None
+    return Compiled(parsed, namespace[enc], compiled or namespace[dec], source, namespace[dec], native_source)
 
 
 def _refuse_unsupported(schema: Any, where: str = "schema") -> None:

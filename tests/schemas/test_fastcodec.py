@@ -19,18 +19,12 @@ from hypothesis import strategies as st
 
 from schemas.codec import MARKER, SCHEMA_DIR, SCHEMA_NAMES, Codec, DecodeError, _fingerprint
 from schemas.fastcodec import compile_schema
+from tests.helpers.avro import GENERIC, INT_MAX, INT_MIN, LONG_MAX, LONG_MIN, PARSED, STRATEGIES, fill, raw, zz
 
-LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
-INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _raw(name: str) -> dict:
-    return json.loads((SCHEMA_DIR / f"{name}.avsc").read_text())
-
-
-PARSED = {name: fastavro.parse_schema(_raw(name)) for name in SCHEMA_NAMES}
-COMPILED = {name: compile_schema(_raw(name)) for name in SCHEMA_NAMES}
+COMPILED = {name: compile_schema(raw(name)) for name in SCHEMA_NAMES}
 
 
 def fa_write(parsed, record) -> bytes:
@@ -46,12 +40,6 @@ def fa_read(parsed, data: bytes):
     return value
 
 
-def fill(name: str, record: dict) -> dict:
-    """The record with the defaults of top-level fields it lacks (schemas gain fields over time)."""
-    return {f["name"]: record[f["name"]] if f["name"] in record else f["default"]
-            for f in PARSED[name]["fields"]}
-
-
 def check_same(name: str, record) -> bytes:
     """Compiled encode == fastavro encode; compiled decode == fastavro decode; returns the bytes."""
     parsed, compiled = PARSED[name], COMPILED[name]
@@ -64,53 +52,6 @@ def check_same(name: str, record) -> bytes:
     # Also with a prefix before the value (the codec decodes at offset 10).
     assert compiled.decode(b"0123456789" + expected, 10) == (value, len(expected) + 10)
     return expected
-
-
-# ------------------------------------------------------------------------ strategies from a schema
-def strategy(schema, named: dict):
-    """Records of `schema` (fastavro-parsed form) in the notation our callers use."""
-    if isinstance(schema, str):
-        prim = {
-            "null": st.none(), "boolean": st.booleans(),
-            "int": st.integers(INT_MIN, INT_MAX) | st.sampled_from([INT_MIN, INT_MAX, 0, -1, 63, -64, 64, -65]),
-            "long": st.integers(LONG_MIN, LONG_MAX)
-            | st.sampled_from([LONG_MIN, LONG_MAX, LONG_MIN + 1, LONG_MAX - 1, 0, -1, 1_715_000_000_123]),
-            "string": st.text(max_size=20) | st.sampled_from(["", "é", "€", "日本語", "🙂", "a" * 300]),
-            "bytes": st.binary(max_size=20) | st.just(b"\x00" * 200),
-        }
-        if schema in prim:
-            return prim[schema]
-        return st.deferred(lambda: strategy(named[schema], named))
-    if isinstance(schema, list):
-        options = []
-        for branch in schema:
-            inner = strategy(branch, named)
-            resolved = named.get(branch, branch) if isinstance(branch, str) else branch
-            if isinstance(resolved, dict) and resolved["type"] == "record":
-                options.append(inner.map(lambda v, n=resolved["name"]: (n, v)))
-            else:
-                options.append(inner)
-        return st.one_of(options)
-    t = schema["type"]
-    if t == "record":
-        return st.fixed_dictionaries({f["name"]: strategy(f["type"], named) for f in schema["fields"]})
-    if t == "enum":
-        return st.sampled_from(schema["symbols"])
-    if t == "array":
-        return st.lists(strategy(schema["items"], named), max_size=3)
-    if t == "map":
-        return st.dictionaries(st.text(max_size=5), strategy(schema["values"], named), max_size=3)
-    return strategy(t, named)
-
-
-def _named(name: str) -> dict:
-    named: dict = {}
-    fastavro.parse_schema(_raw(name), named_schemas=named, _write_hint=False)
-    return named
-
-
-STRATEGIES = {name: strategy(fastavro.parse_schema(_raw(name), _write_hint=False), _named(name))
-              for name in SCHEMA_NAMES}
 
 
 # ------------------------------------------------------------------------------ equivalence tests
@@ -288,38 +229,28 @@ def test_mutated_records_agree_with_fastavro(name):
     run()
 
 
-def _zz(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63) if n < 0 else n << 1
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 @pytest.mark.parametrize("data", [
-    _zz(2**62) + b"abc",                      # string length far beyond the data
-    _zz(-5) + b"abc",                          # negative length
+    zz(2**62) + b"abc",                      # string length far beyond the data
+    zz(-5) + b"abc",                          # negative length
     b"\xff" * 11 + b"\x01",                     # varint longer than 10 bytes
     b"\xff" * 30,                               # unterminated varint
-    _zz(1) + b"a" + _zz(1) + b"b" + _zz(2),    # a string longer than the data left
-    _zz(1) + b"\xff" + _zz(0) + _zz(0),        # invalid UTF-8 in a string
+    zz(1) + b"a" + zz(1) + b"b" + zz(2),    # a string longer than the data left
+    zz(1) + b"\xff" + zz(0) + zz(0),        # invalid UTF-8 in a string
 ])
 def test_hostile_balance_prefixes(data):
     assert isinstance(_safe_decode("balance", data), Exception)
 
 
 def test_absurd_counts_and_indexes():
-    base = _zz(1) + b"c" + _zz(1) + b"c" + _zz(1) + b"f" + _zz(0) + _zz(0)  # state up to source_offset
-    for tail in (_zz(2**40), _zz(-(2**40)) + _zz(5), _zz(LONG_MAX)):     # accounts block count
+    base = zz(1) + b"c" + zz(1) + b"c" + zz(1) + b"f" + zz(0) + zz(0)  # state up to source_offset
+    for tail in (zz(2**40), zz(-(2**40)) + zz(5), zz(LONG_MAX)):     # accounts block count
         assert isinstance(_safe_decode("state", base + tail + b"\x00" * 50), Exception)
-    command = _zz(1) + b"c" + _zz(1) + b"c"
+    command = zz(1) + b"c" + zz(1) + b"c"
     for index in (8, 9, -1, 2**40):
-        assert isinstance(_safe_decode("command", command + _zz(index) + _zz(1) + b"h"), Exception)
-    result = command + _zz(2)  # enum index 2 of [accepted, rejected]
+        assert isinstance(_safe_decode("command", command + zz(index) + zz(1) + b"h"), Exception)
+    result = command + zz(2)  # enum index 2 of [accepted, rejected]
     assert isinstance(_safe_decode("result", result + b"\x00" * 20), Exception)
-    assert isinstance(_safe_decode("result", command + _zz(-1) + b"\x00" * 20), Exception)
+    assert isinstance(_safe_decode("result", command + zz(-1) + b"\x00" * 20), Exception)
 
 
 def test_multi_block_arrays_and_maps_decode():
@@ -329,14 +260,14 @@ def test_multi_block_arrays_and_maps_decode():
         {"name": "account_id", "type": "string"}, {"name": "amount", "type": "string"},
         {"name": "hold_id", "type": ["null", "string"]}, {"name": "currency", "type": ["null", "string"]}]}), leg)
         for leg in legs]
-    body = (_zz(1) + b"t"
-            + _zz(1) + leg_bytes[0] + _zz(-2) + _zz(len(leg_bytes[1] + leg_bytes[2])) + leg_bytes[1] + leg_bytes[2]
-            + _zz(0)
-            + _zz(1) + b"k" + _zz(0)
-            + _zz(1) + _zz(1) + b"l" + _zz(0)
-            + _zz(1) + _zz(1) + b"a" + _zz(1) + b"1" + _zz(-1) + _zz(4) + _zz(1) + b"b" + _zz(1) + b"2" + _zz(0)
-            + _zz(0) + _zz(0))
-    data = _zz(1) + b"c" + _zz(1) + b"d" + _zz(4) + body
+    body = (zz(1) + b"t"
+            + zz(1) + leg_bytes[0] + zz(-2) + zz(len(leg_bytes[1] + leg_bytes[2])) + leg_bytes[1] + leg_bytes[2]
+            + zz(0)
+            + zz(1) + b"k" + zz(0)
+            + zz(1) + zz(1) + b"l" + zz(0)
+            + zz(1) + zz(1) + b"a" + zz(1) + b"1" + zz(-1) + zz(4) + zz(1) + b"b" + zz(1) + b"2" + zz(0)
+            + zz(0) + zz(0))
+    data = zz(1) + b"c" + zz(1) + b"d" + zz(4) + body
     value, end = COMPILED["command"].decode(data, 0)
     assert end == len(data)
     assert value == fa_read(PARSED["command"], data)
@@ -344,24 +275,6 @@ def test_multi_block_arrays_and_maps_decode():
 
 
 # ------------------------------------------------------------------- generic schema features
-GENERIC = {
-    "type": "record", "name": "Outer", "namespace": "x.y",
-    "fields": [
-        {"name": "kind", "type": {"type": "enum", "name": "Kind", "namespace": "other", "symbols": ["A", "B", "C"]}},
-        {"name": "again", "type": "other.Kind"},
-        {"name": "maybe_kind", "type": ["null", "other.Kind"]},
-        {"name": "node", "type": {"type": "record", "name": "Node", "fields": [
-            {"name": "label", "type": "string"},
-            {"name": "next", "type": ["null", "Node"]}]}},
-        {"name": "nodes", "type": {"type": "map", "values": {"type": "array", "items": "x.y.Node"}}},
-        {"name": "prims", "type": ["null", "boolean", "int", "string", "bytes", "long"]},
-        {"name": "matrix", "type": {"type": "array", "items": {"type": "array", "items": "long"}}},
-        {"name": "choice", "type": ["null", "Node", {"type": "record", "name": "Other", "namespace": "z",
-                                                      "fields": [{"name": "n", "type": "int"}]}]},
-    ],
-}
-
-
 def test_generic_schema_features():
     parsed = fastavro.parse_schema(GENERIC)
     compiled = compile_schema(GENERIC)
@@ -442,7 +355,7 @@ def test_codec_decodes_older_versions_with_fastavro(tmp_path):
     """A message of an older writer schema (schemas/versions/) still resolves into the current one."""
     for name in SCHEMA_NAMES:
         shutil.copy(SCHEMA_DIR / f"{name}.avsc", tmp_path / f"{name}.avsc")
-    old = _raw("balance")
+    old = raw("balance")
     old["fields"] = [f for f in old["fields"] if f["name"] != "last_transaction_id"]
     (tmp_path / "versions").mkdir()
     (tmp_path / "versions" / "balance.v1.avsc").write_text(json.dumps(old))
