@@ -114,7 +114,7 @@ faults: install
 
 clean: broker-stop
 	scripts/postgres.sh stop
-	rm -rf .state
+	rm -rf .state schemas/_native
 
 # After changing dependencies in pyproject.toml: resolve them afresh, then pin what make test passed with.
 lock:

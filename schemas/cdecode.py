@@ -14,6 +14,7 @@ Built modules live in schemas/_native/ (not in git), named by a hash of their so
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.util
 import logging
 import os
@@ -245,20 +246,29 @@ def load(src: str, directory: Path = NATIVE_DIR) -> Callable[[bytes, int], tuple
     name = module_name(src)
     if name in sys.modules:
         return sys.modules[name].decode_at
-    found = sorted(directory.glob(f"{name}.*.so")) if directory.is_dir() else []
-    if not found:
+    path = _built(name, directory)
+    if path is None:
         return None
-    spec = importlib.util.spec_from_file_location(name, found[0])
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         return None
     try:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    except ImportError as exc:  # built for another interpreter: the Python decoder serves
-        log.warning("compiled decoder %s not loaded (%s); using the Python decoder", found[0].name, exc)
+    except ImportError as exc:  # a damaged file: the Python decoder serves
+        log.warning("compiled decoder %s not loaded (%s); using the Python decoder", path.name, exc)
         return None
     sys.modules[name] = module
     return module.decode_at
+
+
+def _built(name: str, directory: Path) -> Path | None:
+    """The module file built for this interpreter (its own extension suffix, e.g. .cpython-311-x86_64-linux-gnu.so)."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = directory / f"{name}{suffix}"
+        if path.is_file():
+            return path
+    return None
 
 
 def build(sources: list[str], directory: Path = NATIVE_DIR) -> list[Path]:
@@ -269,7 +279,7 @@ def build(sources: list[str], directory: Path = NATIVE_DIR) -> list[Path]:
 
     directory.mkdir(parents=True, exist_ok=True)
     wanted = {module_name(s): s for s in sources}
-    missing = [n for n in wanted if not list(directory.glob(f"{n}.*.so"))]
+    missing = [n for n in wanted if _built(n, directory) is None]
     if missing:
         work = directory / "build"
         work.mkdir(exist_ok=True)
@@ -286,7 +296,10 @@ def build(sources: list[str], directory: Path = NATIVE_DIR) -> list[Path]:
         cmd.parallel = os.cpu_count() or 1
         cmd.ensure_finalized()
         cmd.run()
-    return [next(directory.glob(f"{n}.*.so")) for n in wanted]
+    built = [_built(n, directory) for n in wanted]
+    if None in built:
+        raise RuntimeError(f"the build left no module for {[n for n, b in zip(wanted, built) if b is None]}")
+    return [b for b in built if b is not None]
 
 
 def ledger_sources() -> list[str]:
