@@ -79,7 +79,9 @@ def test_every_truncation_fails_the_same(pairs, name):
     parsed = fastavro.parse_schema(SCHEMAS[name])
     for record in generate_many(parsed, 12):
         data = pairs[name][2](record)
-        for cut in range(len(data)):
+        step = max(1, len(data) // 300)  # bounded: every cut near both ends, a sample in between
+        cuts = set(range(min(len(data), 60))) | set(range(max(0, len(data) - 60), len(data)))
+        for cut in sorted(cuts | set(range(0, len(data), step))):
             assert same(pairs, name, data[:cut])[0] == "raised"
 
 
