@@ -9,6 +9,7 @@ import fastavro
 from hypothesis import strategies as st
 
 from schemas.codec import SCHEMA_DIR, SCHEMA_NAMES
+from schemas.fastcodec import _varint
 
 LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
@@ -75,13 +76,8 @@ STRATEGIES = {name: strategy(fastavro.parse_schema(raw(name), _write_hint=False)
 
 
 def zz(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63) if n < 0 else n << 1
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    """The zig-zag varint of any n in a long's range (also beyond it, for hostile bytes: 2**63 and more)."""
+    return _varint((n << 1) ^ (n >> 63) if n < 0 else n << 1)
 
 
 GENERIC = {
