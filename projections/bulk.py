@@ -437,26 +437,33 @@ def _cpu_ticks() -> tuple[int, int] | None:
 class CoreSample:
     """How many cores are idle, from the CPU ticks between its creation and `idle_cores` (which waits for the
     rest of `least_s` if less has passed): replay starts one before asking the broker for the offsets, so
-    the sample costs the rebuild little or no time of its own."""
+    the sample costs the rebuild little or no time of its own.
+
+    What this process itself runs meanwhile (asking for the offsets, librdkafka's threads) counts as idle:
+    it is the rebuild's own work, and this process becomes the first loader. Counted as busy, it made the
+    sample choose one loader where two were faster (2026-12-01, load average 0.8-2.4: in seven benchmark runs
+    the sample chose one loader, and the same rebuild with two was 1.43-2.05x faster in each)."""
 
     def __init__(self, least_s: float = 0.1):
         self.started, self.ticks, self.least_s = time.monotonic(), _cpu_ticks(), least_s
+        self.own = time.process_time()
 
     def idle_cores(self) -> float | None:
         time.sleep(max(0.0, self.started + self.least_s - time.monotonic()))
-        now = _cpu_ticks()
+        now, own, wall = _cpu_ticks(), time.process_time(), time.monotonic() - self.started
         if self.ticks is None or now is None or now[1] <= self.ticks[1]:
             return None
-        return (now[0] - self.ticks[0]) / (now[1] - self.ticks[1]) * (os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+        idle = (now[0] - self.ticks[0]) / (now[1] - self.ticks[1]) * cores
+        return min(float(cores), idle + (own - self.own) / wall)
 
 
-def loaders(sample: CoreSample | None = None) -> int:
-    """The default number of loaders: one per idle core (at least one). A loader without a core of its own
-    only adds its start (a process, its imports) and the merge of its file: on the shared 2-core machine,
-    with the cores busy, one loader rebuilt 300,000 records in 4.1-5.2 s and two in 4.5-8.3 s
-    (docs/read-side.md)."""
+def loaders(idle: float | None) -> int:
+    """The default number of loaders given the idle cores (CoreSample): one per idle core (at least one). A
+    loader without a core of its own only adds its start (a process, its imports) and the merge of its file:
+    on the shared 2-core machine, with the cores busy, one loader rebuilt 300,000 records in 4.1-5.2 s and two
+    in 4.5-8.3 s (docs/read-side.md)."""
     cores = os.cpu_count() or 1
-    idle = (sample or CoreSample()).idle_cores()
     return cores if idle is None else max(1, min(cores, int(idle + 0.5)))
 
 
@@ -470,9 +477,13 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
     def mark(phase: str) -> None:
         timeline.append((phase, time.time() - origin))
 
-    workers = workers or loaders(cores)
+    sampled = ""
+    if not workers:
+        idle = (cores or CoreSample()).idle_cores()
+        workers = loaders(idle)
+        sampled = f" ({'unknown' if idle is None else f'{idle:.2f}'} cores idle)"
     split = shares(keys, workers)
-    mark(f"{len(split)} loader{'s' if len(split) > 1 else ''} asked for {workers}")
+    mark(f"{len(split)} loader{'s' if len(split) > 1 else ''} asked for {workers}{sampled}")
     # A table only one share writes is indexed by that share's loader (in its file, or on its connection).
     writers = {t: [i for i, share in enumerate(split) if t in _tables(share)] for t in TABLES}
     indexed = [[t for t in _tables(share) if writers[t] == [i]] for i, share in enumerate(split)]
