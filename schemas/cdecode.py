@@ -33,6 +33,19 @@ from libc.stdint cimport uint64_t, int64_t, INT64_MIN
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
+cdef extern from "Python.h":
+    int Py_EnterRecursiveCall(const char* where) noexcept
+    void Py_LeaveRecursiveCall() noexcept
+
+
+cdef inline int _enter() except -1:
+    # One level of the interpreter's recursion count per record, as the Python decoder spends one frame per
+    # record: a hostile record nested without end (a recursive schema) is a RecursionError, not a C stack
+    # overflow, and at the same depth as in Python.
+    if Py_EnterRecursiveCall(""):
+        return -1
+    return 0
+
 
 cdef int64_t _rv(const unsigned char* b, Py_ssize_t ln, Py_ssize_t* pp) except? -1:
     cdef Py_ssize_t p = pp[0]
@@ -144,8 +157,12 @@ class _CGen:
         self.n += 1
         return f"{prefix}{self.n}"
 
-    def func(self, schema: Any) -> str:
-        """A cdef function (b, ln, pp) -> value for a record (one per named record) or any other type."""
+    def func(self, schema: Any, top: bool = False) -> str:
+        """A cdef function (b, ln, pp) -> value for a record (one per named record) or any other type.
+
+        A record's function, and the top one, count one level of recursion (the Python decoder has a frame for
+        each): a recursive schema fed a hostile nesting raises RecursionError where the Python decoder does,
+        where C would otherwise recurse until the stack overflows."""
         from schemas.fastcodec import _type_of
 
         schema = self.gen.resolve(schema)
@@ -155,21 +172,26 @@ class _CGen:
         fname = self.tmp("_d")
         if is_record:
             self.names[schema["name"]] = fname
+        counted = is_record or top
+        ind = "        " if counted else "    "
         outer, self.locals = self.locals, ["i"]
         lines = []
         if is_record:
             items = []
             for field in schema["fields"]:
                 v = self.tmp("f")
-                lines += self.read(field["type"], v, "    ")
+                lines += self.read(field["type"], v, ind)
                 items.append(f"{field['name']!r}: {v}")
-            lines.append(f"    v = {{{', '.join(items)}}}")
+            lines.append(f"{ind}v = {{{', '.join(items)}}}")
         else:
-            lines += self.read(schema, "v", "    ")
+            lines += self.read(schema, "v", ind)
+        lines += [f"{ind}pp[0] = p", f"{ind}return v"]
+        if counted:
+            lines = ["    _enter()", "    try:"] + lines + ["    finally:", "        Py_LeaveRecursiveCall()"]
         head = [f"cdef object {fname}(const unsigned char* b, Py_ssize_t ln, Py_ssize_t* pp):",
                 "    cdef Py_ssize_t p = pp[0]", f"    cdef int64_t {', '.join(self.locals)}"]
         self.locals = outer
-        self.funcs.append("\n".join(head + lines + ["    pp[0] = p", "    return v"]))
+        self.funcs.append("\n".join(head + lines))
         return fname
 
     def read(self, schema: Any, target: str, ind: str) -> list[str]:
@@ -230,7 +252,7 @@ class _CGen:
 def source(gen: Any, parsed: Any) -> str:
     """The Cython module decoding `parsed` (with the named types `gen` resolved), given a fastcodec._Gen."""
     c = _CGen(gen)
-    top = c.func(parsed)
+    top = c.func(parsed, top=True)
     body = "\n\n\n".join(c.funcs)
     return _PRELUDE.replace("{top}", top) + "\n\n" + "\n".join(c.consts) + "\n\n\n" + body + "\n"
 

@@ -7,6 +7,10 @@ reference (tests/schemas/test_fastcodec.py checks it against fastavro). When the
 """
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import fastavro
 import pytest
 from fastavro.utils import generate_many
@@ -23,17 +27,28 @@ SCHEMAS = {**{name: raw(name) for name in SCHEMA_NAMES}, "generic": GENERIC}
 
 
 @pytest.fixture(scope="module")
-def pairs(tmp_path_factory):
-    """name -> (Python decoder, compiled decoder, encoder)."""
-    out = {}
+def native_dirs(tmp_path_factory):
+    """name -> the directory of its compiled decoder: make install's, or one built here when it is not there."""
+    dirs = {}
     built_here = None
     for name, schema in SCHEMAS.items():
         c = compile_schema(schema)
-        native = c.decode_at if c.native else None
-        if native is None:
+        if c.native:
+            dirs[name] = cdecode.NATIVE_DIR
+        else:
             built_here = built_here or tmp_path_factory.mktemp("native")
             cdecode.build([c.native_source], built_here)
-            native = cdecode.load(c.native_source, built_here)
+            dirs[name] = built_here
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def pairs(native_dirs):
+    """name -> (Python decoder, compiled decoder, encoder)."""
+    out = {}
+    for name, schema in SCHEMAS.items():
+        c = compile_schema(schema, native=False)
+        native = cdecode.load(c.native_source, native_dirs[name])
         assert native is not None and native is not c.python_decode_at, name
         out[name] = (c.python_decode_at, native, c.encode)
     return out
@@ -174,3 +189,62 @@ def test_the_codec_uses_the_compiled_decoders_when_built_and_python_when_asked(p
         record = next(generate_many(fastavro.parse_schema(SCHEMAS[name]), 1))
         data = built.encode(name, record)
         assert built.decode(name, data) == forced.decode(name, data)
+
+
+def nested(depth: int) -> bytes:
+    """A record of the generic schema whose recursive Node nests `depth` deep (no writer would; a hostile one may)."""
+    node = zz(1) + b"n" + zz(1)  # label "n", then the union's Node branch
+    return zz(0) + zz(0) + zz(0) + node * depth + zz(1) + b"n" + zz(0) + zz(0) * 4
+
+
+_DEEP = """
+import sys
+from pathlib import Path
+from schemas import cdecode
+from schemas.fastcodec import compile_schema
+from tests.helpers.avro import GENERIC
+from tests.schemas.test_cdecode import nested
+
+c = compile_schema(GENERIC, native=False)
+native = cdecode.load(c.native_source, Path(sys.argv[1]))
+assert native is not None
+for decode in (c.python_decode_at, native):
+    try:
+        value, end = decode(nested(int(sys.argv[2])), 0)
+        print("decoded", end, flush=True)
+    except Exception as exc:
+        print("raised", type(exc).__name__, exc, flush=True)
+"""
+
+
+def test_a_record_nested_without_end_raises_recursion_error_and_never_crashes(native_dirs):
+    """A recursive schema fed a nesting far beyond the recursion limit: the Python decoder raises RecursionError,
+    and so must the compiled one, where recursing in C would overflow the stack and kill the process (so the
+    decoding runs in a child process: a crash fails this test, not the whole run)."""
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-c", _DEEP, str(native_dirs["generic"]), "200000"], cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    python, native = run.stdout.splitlines()
+    assert python == native == "raised RecursionError maximum recursion depth exceeded"
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="from 3.12 C calls have a recursion limit of their own")
+def test_nesting_near_the_recursion_limit_answers_as_python(pairs):
+    """The compiled decoder counts a level of recursion per record as the Python decoder spends a frame per record:
+    at every depth around the limit both decode, or both raise RecursionError."""
+    python, native, _ = pairs["generic"]
+
+    def shallow(decode, depth):  # the outcome without comparing values nested near the limit
+        try:
+            return ("decoded", decode(nested(depth), 0)[1])
+        except RecursionError as exc:
+            return ("raised", str(exc))
+
+    assert shallow(python, 20) == shallow(native, 20) == ("decoded", len(nested(20)))
+    low, high = 1, sys.getrecursionlimit()  # the deepest nesting the Python decoder takes here
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if shallow(python, mid)[0] == "decoded" else (low, mid - 1)
+    for depth in range(low - 3, low + 4):
+        assert shallow(native, depth) == shallow(python, depth), depth
