@@ -209,7 +209,9 @@ class _CGen:
             return [f"{ind}{target} = None"]
         if t == "enum":
             syms = self.tmp("_SYM")
-            self.consts.append(f"{syms} = {tuple(schema['symbols'])!r}")
+            # A C-level global: indexed without a bounds check (the index is checked first), so it must stay this
+            # tuple (a Python-visible module attribute could be rebound).
+            self.consts.append(f"cdef tuple {syms} = {tuple(schema['symbols'])!r}")
             return [f"{ind}i = _rv(b, ln, &p)",
                     f"{ind}if not 0 <= i < {len(schema['symbols'])}: raise ValueError(f'invalid enum index {{i}}')",
                     f"{ind}{target} = {syms}[i]"]

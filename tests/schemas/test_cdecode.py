@@ -248,3 +248,14 @@ def test_nesting_near_the_recursion_limit_answers_as_python(pairs):
         low, high = (mid, high) if shallow(python, mid)[0] == "decoded" else (low, mid - 1)
     for depth in range(low - 3, low + 4):
         assert shallow(native, depth) == shallow(python, depth), depth
+
+
+def test_enum_symbols_are_not_rebindable_module_attributes(pairs):
+    """An enum's symbols are read by an index checked once, without a second bounds check: they are a C global of
+    the module, not an attribute a caller could rebind to a shorter tuple (or a non-tuple)."""
+    for name, schema in SCHEMAS.items():
+        module = sys.modules[cdecode.module_name(compile_schema(schema, native=False).native_source)]
+        assert not [a for a in dir(module) if a.startswith("_SYM")], name
+    python, native, _ = pairs["result"]
+    data = zz(1) + b"c" + zz(1) + b"c" + zz(1) + zz(0) + zz(0) + zz(0) + zz(0) + zz(0) + zz(0)
+    assert outcome(native, data) == outcome(python, data) and outcome(native, data)[1]["outcome"] == "rejected"
