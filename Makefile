@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lock install broker broker-stop topics run demo test test-long test-core bench bench-scale bench-client bench-read bench-restore bench-memory soak-memory bench-core soak kill-soak faults clean mutate fuzz
+.PHONY: lock install broker broker-stop topics run demo test test-long test-core bench bench-scale bench-client bench-read bench-restore bench-memory soak-memory bench-core soak kill-soak faults clean mutate fuzz fuzz-decode
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -58,11 +58,17 @@ $(VENV)/.installed-mutate: $(STAMP)
 mutate: $(VENV)/.installed-mutate
 	$(BIN)/python scripts/mutate.py $(MUTATE_ARGS)
 
-# A long seeded fuzz run of the commands topic against a real worker (tests/adversary.py, scripts/fuzz.py):
-# records sent by class, results, dead letters, worker exits (must be 0) and verify's verdict.
-# FUZZ_ARGS="--seed 7 --noise 50000" for another run.
-fuzz: install
+# First the compiled Avro decoders alone (fuzz-decode), then a long seeded fuzz run of the commands topic against
+# a real worker (tests/adversary.py, scripts/fuzz.py): records sent by class, results, dead letters, worker exits
+# (must be 0) and verify's verdict. FUZZ_ARGS="--seed 7 --noise 50000" for another run.
+fuzz: install fuzz-decode
 	scripts/with-broker.sh $(BIN)/python scripts/fuzz.py $(FUZZ_ARGS)
+
+# No broker: every schema's compiled decoder (schemas/cdecode.py) built with AddressSanitizer and fed seeded
+# random, truncated and mutated bytes, each answer compared with the generated Python decoder's
+# (scripts/fuzz_cdecode.py, about 3 minutes). FUZZ_DECODE_ARGS="--cases 1000000 --seed 7" for a longer run.
+fuzz-decode: $(STAMP)
+	$(BIN)/python scripts/fuzz_cdecode.py $(FUZZ_DECODE_ARGS)
 
 bench: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/engine_bench.py
