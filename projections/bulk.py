@@ -436,26 +436,22 @@ def _cpu_ticks() -> tuple[int, int] | None:
 
 class CoreSample:
     """How many cores are idle, from the CPU ticks between its creation and `idle_cores` (which waits for the
-    rest of `least_s` if less has passed): replay starts one before asking the broker for the offsets, so
-    the sample costs the rebuild little or no time of its own.
+    rest of `least_s` if less has passed).
 
-    What this process itself runs meanwhile (asking for the offsets, librdkafka's threads) counts as idle:
-    it is the rebuild's own work, and this process becomes the first loader. Counted as busy, it made the
-    sample choose one loader where two were faster (2026-12-01, load average 0.8-2.4: in seven benchmark runs
-    the sample chose one loader, and the same rebuild with two was 1.43-2.05x faster in each)."""
+    Take it before the rebuild asks the broker for anything: overlapping the offsets query, it counted the
+    query's own work (this process, and the broker when it shares the machine) as busy and saw about one core
+    fewer than there was (2026-12-01, a quiet 2-core machine: 1.62 and 1.90 cores idle alone, 0.77 and 0.91
+    overlapping the query), so rebuilds got one loader where two were 1.35-2.05x faster."""
 
     def __init__(self, least_s: float = 0.1):
         self.started, self.ticks, self.least_s = time.monotonic(), _cpu_ticks(), least_s
-        self.own = time.process_time()
 
     def idle_cores(self) -> float | None:
         time.sleep(max(0.0, self.started + self.least_s - time.monotonic()))
-        now, own, wall = _cpu_ticks(), time.process_time(), time.monotonic() - self.started
+        now = _cpu_ticks()
         if self.ticks is None or now is None or now[1] <= self.ticks[1]:
             return None
-        cores = os.cpu_count() or 1
-        idle = (now[0] - self.ticks[0]) / (now[1] - self.ticks[1]) * cores
-        return min(float(cores), idle + (own - self.own) / wall)
+        return (now[0] - self.ticks[0]) / (now[1] - self.ticks[1]) * (os.cpu_count() or 1)
 
 
 def loaders(idle: float | None) -> int:
@@ -468,7 +464,7 @@ def loaders(idle: float | None) -> int:
 
 
 def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *, workers: int | None = None,
-            progress: Callable[[int], None] | None = None, cores: CoreSample | None = None) -> Loaded:
+            progress: Callable[[int], None] | None = None, idle: float | None = None) -> Loaded:
     """Load the fresh store `target` from the partitions {(topic, partition): (start, until)}; returns the
     totals (applied, skipped, offsets). `workers` loader processes (default: one per idle core, `loaders`)."""
     origin = time.time()
@@ -479,7 +475,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
 
     sampled = ""
     if not workers:
-        idle = (cores or CoreSample()).idle_cores()
+        idle = CoreSample().idle_cores() if idle is None else idle
         workers = loaders(idle)
         sampled = f" ({'unknown' if idle is None else f'{idle:.2f}'} cores idle)"
     split = shares(keys, workers)

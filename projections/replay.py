@@ -125,14 +125,15 @@ def rebuild(settings: Settings, target: str | Path, *, start: dict[TopicPartitio
     path the bulk loader is checked against)."""
     if db.exists(target):
         raise FileExistsError(f"{db.display(target)} exists; a replay writes a fresh store")
-    cores = bulk.CoreSample() if not incremental and not workers else None  # idle cores, while the broker answers
+    # Idle cores (for the number of loaders) before asking the broker for anything (bulk.CoreSample says why).
+    idle = bulk.CoreSample().idle_cores() if not incremental and not workers else None
     marks = watermarks(settings)
     until = {k: high for k, (_, high) in marks.items()} if until is None else until
     begin = {k: max(low, (start or {}).get(k, 0)) for k, (low, _) in marks.items()}
     total = sum(max(until.get(k, 0) - begin[k], 0) for k in marks)
     if not incremental:
         return _bulk(settings, str(target), {k: (begin[k], until.get(k, 0)) for k in marks}, total, progress,
-                     workers, cores)
+                     workers, idle)
     store = Store(target, settings.prefix)
     projector = Projector(settings, store, start={k: begin[k] for k in marks}, until=until, batch_size=batch_size)
     t0 = time.perf_counter()
@@ -155,11 +156,11 @@ def rebuild(settings: Settings, target: str | Path, *, start: dict[TopicPartitio
 
 
 def _bulk(settings: Settings, target: str, keys: dict[TopicPartitionKey, tuple[int, int]], total: int,
-          progress: bool, workers: int | None, cores: bulk.CoreSample | None = None) -> ReplayResult:
+          progress: bool, workers: int | None, idle: float | None = None) -> ReplayResult:
     t0 = time.perf_counter()
     with _bar(progress) as bar:
         task = bar.add_task("replay", total=total or 1)
-        loaded = bulk.rebuild(settings, target, keys, workers=workers, cores=cores,
+        loaded = bulk.rebuild(settings, target, keys, workers=workers, idle=idle,
                               progress=lambda n: bar.update(task, completed=n))
     seconds = time.perf_counter() - t0
     store = Store(target, readonly=True)
