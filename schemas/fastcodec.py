@@ -13,7 +13,8 @@
   checked against the bytes that remain before anything is allocated or looped over.
 
 Supported types: the ones the ledger's schemas use, no more: null, boolean, int, long, bytes, string,
-record, enum, array, map, unions, named-type references, namespaces. Anything else (float, double,
+record, enum, array, map, unions, named-type references, namespaces, except an array whose items may
+take no bytes (null, a record of nulls): see _refuse_items_of_no_bytes. Anything else (float, double,
 fixed, error, a logicalType) is refused when the schema is compiled: ValueError, never a silent
 approximation (a logical type would need its own conversions, as fastavro applies them). Each named
 record gets its own generated encode/decode function, so recursive types work. Generated source is kept
@@ -581,6 +582,7 @@ def compile_schema(schema: Any, prefix: bytes = b"", native: bool = True) -> Com
     named: dict[str, Any] = {}
     parsed = fastavro.parse_schema(_strip_hints(schema), named_schemas=named, _write_hint=False)
     gen = _Gen(parsed, named)
+    _refuse_items_of_no_bytes(gen, parsed)
     if prefix and _type_of(gen.resolve(parsed)) == "record":
         enc = gen.enc_record_func(gen.resolve(parsed), prefix)
     elif prefix:
@@ -623,6 +625,47 @@ def _refuse_unsupported(schema: Any, where: str = "schema") -> None:
     for key in ("items", "values"):
         if key in schema:
             _refuse_unsupported(schema[key], f"{where}.{key}")
+
+
+def _min_bytes(gen: _Gen, schema: Any, open_records: frozenset = frozenset()) -> int:
+    """The fewest bytes a value of `schema` takes (a record still being measured counts 1: it can only
+    recur through a union, whose index takes a byte)."""
+    schema = gen.resolve(schema)
+    t = _type_of(schema)
+    if t == "null":
+        return 0
+    if t == "record":
+        if schema["name"] in open_records:
+            return 1
+        inner = open_records | {schema["name"]}
+        return sum(_min_bytes(gen, f["type"], inner) for f in schema["fields"])
+    return 1  # a varint, a length, a union's index, a block count: one byte at least
+
+
+def _refuse_items_of_no_bytes(gen: _Gen, schema: Any, seen: set | None = None) -> None:
+    """ValueError for an array whose items may take no bytes (null, a record of nulls or of no fields): a
+    hostile block count could then make a decoder build that many items from a few bytes, block after block,
+    quadratic in the record's size. Each item of every other array takes a byte at least, so a count beyond
+    the bytes left is refused before anything is built. Map entries always have a key (a length byte)."""
+    seen = set() if seen is None else seen
+    schema = gen.resolve(schema)
+    t = _type_of(schema)
+    if t == "record":
+        if schema["name"] in seen:
+            return
+        seen.add(schema["name"])
+        for field in schema["fields"]:
+            _refuse_items_of_no_bytes(gen, field["type"], seen)
+    elif t == "union":
+        for branch in schema:
+            _refuse_items_of_no_bytes(gen, branch, seen)
+    elif t == "array":
+        if _min_bytes(gen, schema["items"]) == 0:
+            raise ValueError(f"an array of {schema['items']!r}, whose items may take no bytes, is not supported "
+                             f"by the generated codec")
+        _refuse_items_of_no_bytes(gen, schema["items"], seen)
+    elif t == "map":
+        _refuse_items_of_no_bytes(gen, schema["values"], seen)
 
 
 def _strip_hints(schema: Any) -> Any:

@@ -313,6 +313,28 @@ def test_logical_types_and_types_the_ledger_does_not_use_are_refused(schema):
         compile_schema(schema)
 
 
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": "null"},
+    {"type": "record", "name": "R", "fields": [{"name": "many", "type": {"type": "array", "items": {
+        "type": "record", "name": "Empty", "fields": []}}}]},
+    {"type": "record", "name": "R", "fields": [{"name": "x", "type": ["null", {"type": "array", "items": {
+        "type": "record", "name": "Nulls", "fields": [{"name": "a", "type": "null"}]}}]}]},
+    {"type": "map", "values": {"type": "array", "items": "null"}},
+])
+def test_arrays_of_items_that_take_no_bytes_are_refused(schema):
+    """A block count of such items costs nothing to write: a few bytes could make a decoder build billions."""
+    with pytest.raises(ValueError, match="may take no bytes"):
+        compile_schema(schema)
+
+
+def test_arrays_of_items_that_take_a_byte_compile():
+    for items in ("boolean", "string", ["null", "string"], {"type": "record", "name": "One", "fields": [
+            {"name": "a", "type": "null"}, {"name": "b", "type": "int"}]},
+                  {"type": "record", "name": "Node", "fields": [{"name": "next", "type": ["null", "Node"]}]}):
+        compiled = compile_schema({"type": "array", "items": items})
+        assert compiled.decode(compiled.encode([]), 0) == ([], 1)
+
 def test_every_ledger_schema_compiles():
     """The refusal above never hits a schema the ledger reads or writes (current and older versions)."""
     for path in sorted(SCHEMA_DIR.glob("*.avsc")) + sorted((SCHEMA_DIR / "versions").glob("*.avsc")):
