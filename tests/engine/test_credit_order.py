@@ -11,26 +11,14 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.bus import Bus, assert_books_balance
-from tests.helpers.interleavings import checked_bus, finish, send
-from tests.helpers.records import linked, local_users, open_account, place_hold, transfer
+from tests.helpers.interleavings import (EVERYONE, X1, X2, Y1, Y2, balances, checked_bus, finish,
+                                        funded_two_partitions, send)
+from tests.helpers.records import linked, open_account, place_hold, transfer
 
-X1, X2 = local_users(2, partition=0)
-Y1, Y2 = local_users(2, partition=1)
-EVERYONE = (X1, X2, Y1, Y2)
 
 
 GAP = pytest.mark.xfail(strict=True, reason="known gap: a debit is not made to wait for the credits in flight to its "
                                            "account, so a payment chasing a transfer is refused for funds")
-
-
-def funded() -> Bus:
-    """X1 holds 1,000 in partition 0; X2 (partition 0), Y1 and Y2 (partition 1) are empty."""
-    bus = Bus()
-    for account in EVERYONE:
-        bus.send(open_account(account), account)
-    bus.send(transfer("dep", ("sys:world:USD", -1_000), (X1, 1_000)), X1)
-    bus.run()
-    return bus
 
 
 def answer(bus: Bus, command_id: str) -> tuple:
@@ -39,16 +27,12 @@ def answer(bus: Bus, command_id: str) -> tuple:
     return found[0]
 
 
-def balances(bus: Bus) -> dict[str, tuple[int, int]]:
-    return {a: bus.account(a) for a in EVERYONE}
-
-
 @GAP
 @pytest.mark.parametrize("placed", ["copies", "reserve first"])
 def test_a_payment_from_money_in_flight_waits_for_the_transfer_and_spends_it(placed):
     """X1 sends Y1 600 across partitions, then Y1 pays Y2 500 in partition 1. Partition 1 reads the transfer's
     copy (or its Reserve) before the payment: the payment waits, and posts once the transfer has."""
-    bus = funded()
+    bus = funded_two_partitions()
     if placed == "copies":
         bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
     else:
@@ -67,7 +51,7 @@ def test_a_payment_from_money_in_flight_waits_for_the_transfer_and_spends_it(pla
 def test_when_the_transfer_fails_the_waiting_payment_is_refused_for_funds():
     """The transfer is refused in partition 0 after partition 1 reserved its credit (X1 spends its money first
     there): the payment that waited is then judged on what Y1 holds, and refused."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
     bus.send(transfer("first", (X1, -900), (X2, 900)), X1)  # reaches partition 0 before the transfer's begin
     bus.send(transfer("out", (Y1, -500), (Y2, 500)), Y1)
@@ -85,7 +69,7 @@ def test_when_the_transfer_fails_the_waiting_payment_is_refused_for_funds():
 @GAP
 def test_a_hold_and_a_linked_batch_s_copy_wait_the_same_way():
     """The credit in flight is a linked batch's, reserved by its copy; a hold on it sent after waits too."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send_linked_placed(linked(transfer("l1", (X1, -300), (Y1, 300)), transfer("l2", (X1, -300), (Y2, 300))), X1)
     bus.send(place_hold("h", Y1, 250, None), Y1)
     bus.step(1)
@@ -97,7 +81,7 @@ def test_a_hold_and_a_linked_batch_s_copy_wait_the_same_way():
 
 
 def test_a_payment_that_would_fit_without_the_credit_does_not_wait():
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(transfer("dep-y", ("sys:world:USD", -50), (Y1, 50)), Y1)
     bus.run()
     bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
@@ -133,7 +117,7 @@ def test_payments_chasing_transfers_keep_every_promise_through_crashes(seed):
 def test_a_payment_across_partitions_from_money_in_flight_waits_too():
     """Y1 pays X2 (partition 0) 500 out of the 600 X1's transfer is bringing: the payment's share in partition 1
     (its coordinator's) would hold 500 of Y1, which the core refuses for funds now, so it waits."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
     bus.send_placed(transfer("out", (Y1, -500), (X2, 500)), Y1)
     bus.step(1)

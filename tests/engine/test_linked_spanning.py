@@ -9,26 +9,10 @@ import pytest
 
 from streams import routing
 from tests.helpers.bus import C, Bus, assert_books_balance
-from tests.helpers.interleavings import CHAOS, checked_bus, funded_users, send
+from tests.helpers.interleavings import (CHAOS, EVERYONE, X1, X2, Y1, Y2, balances, checked_bus, funded_two_partitions,
+                                        funded_users)
 from tests.helpers.records import N, command, linked, local_users, open_account, transfer
 
-X1, X2 = local_users(2, partition=0)
-Y1, Y2 = local_users(2, partition=1)
-EVERYONE = (X1, X2, Y1, Y2)
-
-
-def funded() -> Bus:
-    """X1 holds 1,000 in partition 0; X2 (partition 0), Y1 and Y2 (partition 1) are empty."""
-    bus = Bus()
-    for account in EVERYONE:
-        bus.send(open_account(account), account)
-    bus.send(transfer("dep", ("sys:world:USD", -1_000), (X1, 1_000)), X1)
-    bus.run()
-    return bus
-
-
-def balances(bus: Bus) -> dict[str, tuple[int, int]]:
-    return {a: bus.account(a) for a in EVERYONE}
 
 
 def answers(bus: Bus, *ids: str, duplicate: bool = False) -> dict[str, tuple]:
@@ -42,7 +26,7 @@ def spending_what_came_first() -> bytes:
 
 
 def test_a_batch_across_two_partitions_posts_whole_and_a_later_item_spends_an_earlier_credit():
-    bus = funded()
+    bus = funded_two_partitions()
     assert routing.partition_of_account(X1, N) == 0 and routing.partition_of_account(Y1, N) == 1
     bus.send(spending_what_came_first(), X1)
     bus.run()
@@ -53,7 +37,7 @@ def test_a_batch_across_two_partitions_posts_whole_and_a_later_item_spends_an_ea
 
 
 def test_one_refused_in_another_partition_nothing_moves_anywhere_and_the_answers_name_it():
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(linked(transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y2, -50), (X2, 50))), X1)
     bus.run()
     assert answers(bus, "l1", "l2") == {"l1": ("rejected", "linked_failed"), "l2": ("rejected", "insufficient_funds")}
@@ -65,7 +49,7 @@ def test_one_refused_in_another_partition_nothing_moves_anywhere_and_the_answers
 
 def test_an_item_cannot_spend_a_credit_a_later_item_makes():
     """Batch order is the order of judgement: Y1 spending 500 before X1's 600 reaches it is refused."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(linked(transfer("l2", (Y1, -500), (X2, 500)), transfer("l1", (X1, -600), (Y1, 600))), Y1)
     bus.run()
     assert answers(bus, "l1", "l2") == {"l1": ("rejected", "linked_failed"), "l2": ("rejected", "insufficient_funds")}
@@ -74,7 +58,7 @@ def test_an_item_cannot_spend_a_credit_a_later_item_makes():
 
 
 def test_a_retry_of_the_batch_and_of_each_command_is_answered_as_duplicates():
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(spending_what_came_first(), X1)
     bus.send(spending_what_came_first(), X1)  # while the first is in flight
     bus.run()
@@ -90,7 +74,7 @@ def test_a_retry_of_the_batch_and_of_each_command_is_answered_as_duplicates():
 
 
 def test_a_refused_batch_is_answered_the_same_on_a_retry():
-    bus = funded()
+    bus = funded_two_partitions()
     refused = linked(transfer("l1", (X1, -600), (Y1, 600)), transfer("l2", (Y2, -50), (X2, 50)))
     bus.send(refused, X1)
     bus.run()
@@ -104,7 +88,7 @@ def test_a_refused_batch_is_answered_the_same_on_a_retry():
 def test_restores_in_the_middle_change_nothing():
     """Every partition crashes after each step (its state rebuilt from the changelog, once from nothing), and
     the batch ends as without crashes."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(spending_what_came_first(), X1)
     fresh = True
     while not bus.quiet:
@@ -137,7 +121,7 @@ def test_every_step_delivered_twice_changes_nothing_twice():
 
 
 def test_while_in_flight_the_money_is_reserved_and_a_command_of_the_batch_sent_alone_waits_its_answer():
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(spending_what_came_first(), X1)
     bus.step(0)  # begun: partition 0 reserved its share (X1's 600 held), ReserveLinked sent to partition 1
     assert bus.account(X1) == (1_000, 600)
@@ -224,7 +208,7 @@ def test_a_command_decided_alone_before_its_batch_keeps_its_answer_and_the_batch
     """l2 reaches its own partition alone, and is decided there, before the batch that holds it: the batch
     fails on it (across partitions a batch takes only commands not decided yet), l2 keeps its answer, even
     to a retry of the whole batch, and nothing of l1 moves."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(transfer("l2", (Y1, -500), (X2, 500)), Y1)  # alone: Y1 has nothing yet
     bus.run()
     assert bus.result("l2")["reason"] == "insufficient_funds"
@@ -243,7 +227,7 @@ def test_a_command_decided_alone_before_its_batch_keeps_its_answer_and_the_batch
 def test_fees_and_a_batch_sent_where_none_of_its_accounts_live():
     """A fee to a system account rides on the share where its transaction's system legs live; a batch written
     to a partition that holds none of its accounts is coordinated there all the same."""
-    bus = funded()
+    bus = funded_two_partitions()
     far = local_users(1, partition=2)[0]
     bus.send(open_account(far), far)
     bus.run()
@@ -259,7 +243,7 @@ def test_fees_and_a_batch_sent_where_none_of_its_accounts_live():
 def test_a_cap_is_judged_at_every_step_of_the_batch_and_a_freeze_waits_for_the_decision():
     """Y2 may hold at most 700: 600 in, 500 out, 300 in stays under it at every step; 800 in at once does not.
     A freeze of Y2 sent while the first batch is reserved waits for its decision, then applies."""
-    bus = funded()
+    bus = funded_two_partitions()
     capped = local_users(3, partition=1)[2]
     bus.send(open_account(capped, max_balance=700), capped)
     bus.run()
@@ -287,7 +271,7 @@ def test_a_freeze_of_a_system_shard_a_share_posts_to_waits_for_the_decision():
     """f1 takes 50 from the world's shard where f1's system legs live (partition 0): a freeze of that shard sent
     while the batch is reserved waits for the decision, as for one transaction, instead of making the reserved
     share's commit fail (which left the batch undecided and X1's 50 held)."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(linked(transfer("w1", (X1, -50), ("sys:world:USD", -50), (Y1, 100)), transfer("w2", (Y1, -60), (Y2, 60))),
              X1)
     bus.step(0)  # begun: partition 0's share (X1 and the world's shard) reserved, ReserveLinked out
@@ -306,7 +290,7 @@ def test_a_freeze_of_a_system_shard_a_share_posts_to_waits_for_the_decision():
 def test_an_account_whose_running_sum_never_leaves_zero_is_not_left_marked():
     """X2 is debited and credited 10 by l1: no hold, no credit counted, but marked while the batch is in flight;
     the decision ends its mark, so a later freeze of X2 is decided (it waited forever)."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(linked(transfer("l1", (X1, -100), (X2, -10), (X2, 10), (Y1, 100)), transfer("l2", (Y1, -60), (Y2, 60))),
              X1)
     bus.run()
@@ -325,7 +309,7 @@ def _answers_of(bus: Bus, *ids: str) -> list[tuple]:
 def test_two_commands_of_a_batch_in_flight_sent_again_in_another_batch_across_partitions_are_both_retries():
     """l1 and l2 are in flight in their batch when a second batch holding both (and l3) reaches their home:
     each is a retry, answered with the first batch's decision (l2's retry was counted as l1's, and lost)."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(linked(transfer("l1", (X1, -100), (Y1, 100)), transfer("l2", (X1, -100), (Y2, 100))), X1)
     bus.step(0)  # begun
     bus.send(linked(transfer("l1", (X1, -100), (Y1, 100)), transfer("l2", (X1, -100), (Y2, 100)),
@@ -342,7 +326,7 @@ def test_commands_in_flight_sent_again_in_a_batch_of_one_partition_keep_their_ba
     """l2 and l3 (local to partition 0) are in flight in a batch across partitions when a batch of just the two
     reaches partition 0: both are retries. l3 was refused linked_failed there, and that refusal, remembered
     under its id, became its answer in its own batch, which posted it."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(linked(transfer("l1", (X1, -100), (Y1, 100)), transfer("l2", (X1, -100), (X2, 100)),
                     transfer("l3", (X1, -50), (X2, 50))), X1)
     bus.step(0)  # begun
@@ -361,7 +345,7 @@ def test_one_batch_written_to_two_partitions_is_decided_in_each_and_nothing_stay
     other's commands in flight and fails; every command is answered (its batch's answer, and its retry's), and
     nothing stays held or marked. Before, the two coordinators' steps had the same ids: neither was decided,
     nobody was answered and X1's 600 stayed held."""
-    bus = funded()
+    bus = funded_two_partitions()
     batch = spending_what_came_first()
     bus.send(batch, X1)
     if second == Y1:
@@ -378,7 +362,7 @@ def test_one_batch_written_to_two_partitions_is_decided_in_each_and_nothing_stay
 
 
 def test_a_decided_batch_written_again_to_another_partition_is_answered_and_leaves_nothing():
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(spending_what_came_first(), X1)
     bus.run()
     bus.send(spending_what_came_first(), Y1)
@@ -395,7 +379,7 @@ def test_a_retry_of_a_failed_batch_answers_a_command_decided_before_with_its_own
     """b1 was decided alone (accepted) before the batch [bad, b1, b2] failed on bad: b1 keeps its answer at its
     home, and a retry of the batch, after the decision or while in flight, leaves it out (its votes name it as
     keeping a decision of its own), while bad and b2 get the batch's answers again."""
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(transfer("b1", (X1, -100), (Y1, 100)), X1)
     bus.run()
     batch = linked(transfer("bad", (Y2, -50), (X2, 50)), transfer("b1", (X1, -100), (Y1, 100)),
@@ -418,7 +402,7 @@ def test_a_payment_of_a_batch_across_partitions_is_returned_like_any_payment_acr
     """Each share keeps its transaction's client (as a transaction across partitions posts its shares), so the
     payee's partition returns part of l1 as it returns any payment whose money crossed partitions."""
     from streams.core.returns import RETURNS_KEY
-    bus = funded()
+    bus = funded_two_partitions()
     bus.send(spending_what_came_first(), X1)
     bus.run()
     bus.send(command("ret", "PostTransaction", {
@@ -435,7 +419,7 @@ def test_a_payment_of_a_batch_across_partitions_is_returned_like_any_payment_acr
 def test_a_forged_step_of_a_linked_batch_is_refused():
     """ReserveLinked, VoteLinked and DecideLinked are taken only from a record a worker sealed (P11)."""
     from streams.routing import ENGINE_CLIENT
-    bus = funded()
+    bus = funded_two_partitions()
     batch = {"batch_client_id": "t", "batch_command_id": "l1~linked~0"}
     forged = [command("f-reserve", "ReserveLinked", {**batch, "coordinator_partition": 0, "items": []}),
               command("f-vote", "VoteLinked", {**batch, "participant": 1, "item": -1, "reason": None, "detail": ""},

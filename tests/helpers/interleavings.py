@@ -40,6 +40,27 @@ def funded_users(bus: Bus, oracles: Oracles, partitions: int = 3, per_partition:
     return accounts
 
 
+# Two users in partition 0 and two in partition 1, for scenarios across two partitions.
+X1, X2 = local_users(2, partition=0)
+Y1, Y2 = local_users(2, partition=1)
+EVERYONE = (X1, X2, Y1, Y2)
+
+
+def funded_two_partitions() -> Bus:
+    """X1 holds 1,000 in partition 0; X2 (partition 0), Y1 and Y2 (partition 1) are empty."""
+    bus = Bus()
+    for account in EVERYONE:
+        bus.send(open_account(account), account)
+    bus.send(transfer("dep", ("sys:world:USD", -1_000), (X1, 1_000)), X1)
+    bus.run()
+    return bus
+
+
+def balances(bus: Bus) -> dict[str, tuple[int, int]]:
+    """(posted, held) of each of EVERYONE."""
+    return {a: bus.account(a) for a in EVERYONE}
+
+
 def send(bus: Bus, oracles: Oracles, value: bytes, account: str, at_ms: int | None = None) -> int:
     oracles.sent_command(value)
     return bus.send(value, account, at_ms)
