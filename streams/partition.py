@@ -31,6 +31,7 @@ from streams.linking import Linking
 from streams.spanning import SPANNING_KINDS, Spanning
 from streams.spanning_linked import LINKED_STEP_KINDS, LinkedSpanning
 from streams.inflight import COPY_DUE, parse_copy_due
+from streams.waiting import WAITING_ENTRY, WaitingIndex, parse_waiting_key
 from streams.store import KeyValueStore
 from streams.wire import (
     WireError,
@@ -155,6 +156,10 @@ class PartitionState:
         # due time (the COPY_DUE engine records, committed and staged).
         self.copy_dues = DueIndex()
         self._load_copy_dues()
+        # The commands waiting for transactions in flight, in arrival order (the WAITING_ENTRY engine records,
+        # committed and staged; streams/waiting.py).
+        self.waiting = WaitingIndex()
+        self._load_waiting()
         # Currencies registered in this partition (RegisterCurrency), committed and staged: code -> scale.
         # currencies_epoch moves whenever they may have changed, so the processor rebuilds its registry.
         self.registered: dict[str, int] = {}
@@ -203,6 +208,16 @@ class PartitionState:
             pairs.append((transaction, due))
         self.copy_dues = DueIndex(pairs)
 
+    def _load_waiting(self) -> None:
+        prefix = b"e/" + WAITING_ENTRY.encode()
+        try:
+            found = {key: value for key, value in self.store.scan(prefix) if key not in self._deletes}
+        except Exception as exc:  # noqa: BLE001 - whatever the store raises is an I/O failure
+            raise StoreFailure(f"scanning the waiting commands: {exc}") from exc
+        found.update((key, value) for key, value in self._puts.items() if key.startswith(prefix))
+        self.waiting = WaitingIndex((parse_waiting_key(key[2:].decode()), _loads(value))
+                                    for key, value in found.items())
+
     def _index_copy_due(self, record_key: str, present: bool) -> None:
         due, transaction = parse_copy_due(record_key)
         if present:
@@ -250,6 +265,7 @@ class PartitionState:
         # The due indexes as committed and staged now (entries the command took or added are restored).
         self._load_copy_dues()
         self._load_expiries()
+        self._load_waiting()
 
     # StateReader -------------------------------------------------------------------------------------------
     def account(self, account_id: str) -> Account | None:
@@ -367,6 +383,11 @@ class PartitionState:
                 self._deletes.discard(key)
             if name.startswith(COPY_DUE):
                 self._index_copy_due(name, record["value"] is not None)
+            elif name.startswith(WAITING_ENTRY):
+                if record["value"] is None:
+                    self.waiting.drop(parse_waiting_key(name))
+                else:
+                    self.waiting.put(parse_waiting_key(name), _loads(record["value"]))
         key = _inbox_key(change["client_id"], change["command_id"])
         touch(key)
         puts[key] = encoded
@@ -424,6 +445,7 @@ class PartitionState:
         self._load_expiries()
         self._load_currencies()
         self._load_copy_dues()
+        self._load_waiting()
 
     def applied_offset(self) -> int:
         """The highest commands offset whose effects are staged or stored (-1: none)."""

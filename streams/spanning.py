@@ -26,7 +26,8 @@ anywhere repeats a step harmlessly (the inbox answers it) and in-flight state is
 Until step 4 the money stays where it was, reserved: no leg of the transaction posts anywhere unless every
 partition has reserved its legs (P6), and clearing sums to zero once every step has run.
 While a hold is locked it cannot be released or expired, and captures may only take its unlocked rest; a
-release, expiry, freeze or close of what a reservation holds waits for the decision (see ``waits``).
+release, expiry, freeze or close of what a reservation holds waits for the decision, and so does a debit the
+credits in flight to its account could fund (see ``waits``; the queue is streams/waiting.py).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ import json
 
 from streams import core, limits, names, placement, routing
 from streams.inflight import InFlight, Reservation, coordinator_key, copy_due_key, reservation_key, returning_key
+from streams.waiting import waiting_key
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, returns, settlement
 from streams.routing import ENGINE_CLIENT
@@ -55,7 +57,7 @@ COPY_WAIT_MS = 300_000
 # Each copy's reservation not yet confirmed has its own record, inflight.copy_due_key. Earlier versions kept them
 # all in this one engine record, [[due_ms, transaction key]]: read and emptied, never written any more.
 COPY_TIMEOUTS = "o"
-WAITING = "w"  # engine record: the commands waiting for transactions in flight, in arrival order
+WAITING = "w"  # engine record of earlier versions: every waiting command in one list (streams/waiting.py)
 WAITING_LIMIT = 1_000  # beyond it a command that would wait is refused in_flight
 _MEMO_SIZE = 16  # values kept by the identity memos below (Spanning.plan, Spanning._transaction)
 
@@ -110,6 +112,8 @@ class Spanning:
         # kept here, so an id is not reused meanwhile): one step asks for the same ones several times.
         self._plans: dict[int, tuple[core.PostTransaction, placement.Plan]] = {}
         self._transactions: dict[int, tuple[dict, str, str, int, core.PostTransaction]] = {}
+        # The waiting commands as decoded, by where they wait (_waiting_command).
+        self._decoded: dict[Any, tuple[dict[str, Any], core.Command]] = {}
 
     @property
     def state(self):
@@ -663,36 +667,38 @@ class Spanning:
 
     def waits(self, command: core.Command, earlier: dict[str, int] | None = None) -> bool:
         """Whether a client's command must wait for a transaction in flight before it is decided: it ends a
-        hold a reservation has locked (release, expire), freezes or closes an account with reservations, or
-        names a hold or account a waiting command names (so it keeps its place behind it). earlier: what the
-        commands decided together with it (a linked batch) credit before it, per account."""
+        hold a reservation has locked (release, expire), freezes or closes an account with reservations, is a
+        debit the credits in flight to its account could fund, or names a hold or account a waiting command
+        names (so it keeps its place behind it). earlier: what the commands decided together with it (a linked
+        batch) credit before it, per account."""
         if command.client_id == ENGINE_CLIENT:
             return False
-        queue = self.state.record(WAITING)
-        if queue:
-            waiting = {k for entry in queue for k in entry["keys"]}
-            if waiting.intersection(self._keys(command, system=True)):
-                return True
+        keys = self._keys(command, system=True)
+        if self.state.waiting.holds_any(keys):
+            return True
+        legacy = self.state.record(WAITING)
+        if legacy and {k for entry in legacy for k in entry["keys"]}.intersection(keys):
+            return True
         return self._blocked(command, earlier or {})
 
     def wait(self, command: core.Command, offset: int) -> None:
         """Queue the command; it is decided, at its own log time, once what it waits for is decided."""
-        proc = self.proc
+        proc, state = self.proc, self.state
         # The partition too: a command placed in several partitions (P10) may wait in each at the same offset.
         wait_id = names.step_id(names.transaction_key(command.client_id, command.command_id), "wait",
                                f"{proc.partition}:{proc.position}")
-        if self.state.change_record(ENGINE_CLIENT, wait_id) is not None:
+        if state.change_record(ENGINE_CLIENT, wait_id) is not None:
             return  # this very record redone after a crash: it waits already
-        queue = self.state.record(WAITING) or []
-        if len(queue) >= WAITING_LIMIT:
-            detail = f"{len(queue)} commands already wait for transactions in flight here"
+        waiting = len(state.waiting) + len(state.record(WAITING) or ())
+        if waiting >= WAITING_LIMIT:
+            detail = f"{waiting} commands already wait for transactions in flight here"
             if isinstance(command, core.PostTransaction) and self.is_copy(command):
                 # A producer's copy: the coordinator alone answers the client (refused here under the client's id,
                 # it was a second decision of the command, P4). The refusal is this partition's copy step, which
                 # the coordinator's Reserve takes as its vote, as for a copy that cannot reserve.
                 copy_id = names.step_id(names.transaction_key(command.client_id, command.command_id), "copy",
                                         proc.partition)
-                if self.state.change_record(ENGINE_CLIENT, copy_id) is None:
+                if state.change_record(ENGINE_CLIENT, copy_id) is None:
                     proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(command), offset,
                                        rejection_to_wire(copy_id, ENGINE_CLIENT, command.at_ms, Rejection.IN_FLIGHT,
                                                          detail))
@@ -702,7 +708,36 @@ class Spanning:
         entry = {"keys": self._keys(command), "command": _jsonable(command_to_wire(command)), "at_ms": command.at_ms}
         proc.commit_change(ENGINE_CLIENT, wait_id, "", offset,
                            _accepted(wait_id, command.at_ms, "waits for a transaction in flight"),
-                           records=[(WAITING, [*queue, entry])])
+                           records=[(waiting_key(state.waiting.next_seq()), entry)])
+
+    def _queue(self) -> list[tuple[Any, dict[str, Any]]]:
+        """(where, entry) of every waiting command in arrival order: those of the one record an earlier version
+        kept (where: WAITING), then the wq/ records (where: seq)."""
+        return [(WAITING, entry) for entry in self.state.record(WAITING) or ()] + \
+            list(self.state.waiting.entries.items())
+
+    def _waiting_command(self, where: Any, entry: dict[str, Any]) -> core.Command:
+        """The entry's command, decoded once while the entry is the one waiting there."""
+        memo = self._decoded.get(where)
+        if memo is not None and memo[0] is entry:
+            return memo[1]
+        record = entry["command"]
+        command = command_from_wire({**record, "body": tuple(record["body"])}, entry["at_ms"])
+        if where != WAITING:
+            if len(self._decoded) > 2 * len(self.state.waiting) + 64:  # entries dropped by a rollback
+                self._decoded.clear()
+            self._decoded[where] = (entry, command)
+        return command
+
+    def _unqueued(self, where: Any, entry: dict[str, Any]) -> list[tuple[str, Any]]:
+        """The engine records that take the entry off the queue."""
+        self._decoded.pop(where, None)
+        if where != WAITING:
+            return [(waiting_key(where), None)]
+        queue = list(self.state.record(WAITING) or ())
+        if entry in queue:
+            queue.remove(entry)
+        return [(WAITING, queue or None)]
 
     def drain(self, offset: int) -> None:
         """Decide, in order, the waiting commands nothing holds back any more (after a decision or a dropped
@@ -711,36 +746,33 @@ class Spanning:
         position = proc.position
         index = 0
         while True:
-            queue = state.record(WAITING) or []
             ahead: set[str] = set()
             chosen = None
-            for i, entry in enumerate(queue):
-                record = entry["command"]
-                command = command_from_wire({**record, "body": tuple(record["body"])}, entry["at_ms"])
+            for where, entry in self._queue():
+                command = self._waiting_command(where, entry)
                 if not ahead.intersection(self._keys(command, system=True)) and not self._blocked(command, {}):
-                    chosen = i, command
+                    chosen = where, entry, command
                     break
                 ahead.update(entry["keys"])
             if chosen is None:
                 break
-            i, command = chosen
+            where, entry, command = chosen
             index += 1
             proc.position = f"{position}.w{index}"
             # Judged first, then taken off the queue: a crash between the two leaves it queued, and the redo
             # finds it decided (answered again, flagged duplicate) before taking it off.
             proc.judge(command, offset, woken=True)
-            queue = state.record(WAITING) or []
-            rest = [e for e in queue if e is not queue[i]] if i < len(queue) else queue
             woke_id = names.step_id(names.transaction_key(command.client_id, command.command_id), "woke",
                                    f"{proc.partition}:{proc.position}")
             if state.change_record(ENGINE_CLIENT, woke_id) is None:
                 proc.commit_change(ENGINE_CLIENT, woke_id, "", offset, _accepted(woke_id, command.at_ms),
-                                   records=[(WAITING, rest or None)])
+                                   records=self._unqueued(where, entry))
         proc.position = position
 
     def _blocked(self, command: core.Command, earlier: dict[str, int]) -> bool:
         """What a reservation holds: a locked hold (release, expiry), an account with reservations (freeze,
-        close), and the headroom under a balance limit that reserved credits count on (another credit)."""
+        close), the headroom under a balance limit that reserved credits count on (another credit), and the
+        credits themselves (a debit they could fund: _awaits_credit)."""
         if isinstance(command, (core.ReleaseHold, core.ExpireHold)):
             return not command.hold_id.startswith(INTERNAL_HOLD_MARK) and self.locked(command.hold_id)
         if isinstance(command, (core.FreezeAccount, core.CloseAccount)):
@@ -761,6 +793,43 @@ class Spanning:
                 if account is not None and (account.policy.max_balance is not None or
                                             account.posted + sum(reserved.values()) + earlier.get(account_id, 0)
                                             + amount > core.MAX_ABS_AMOUNT):
+                    return True
+        return self._awaits_credit(command)
+
+    def _awaits_credit(self, command: core.Command) -> bool:
+        """A debit (a payment decided here, its share here of one across partitions, or a hold) the core refuses
+        for funds now, on an account that transactions in flight credit (n/<account>): it waits for their
+        decision and is decided then, at its own log time. So a payment sent after a transfer to the account it
+        spends from (across partitions, reserved here at the producer's position by its copy, or by its
+        Reserve) is decided after that transfer, as in one partition, not refused for the money the transfer
+        is bringing (P10). Whichever way the transfer ends, the debit is then judged on what the account
+        holds. The core judges; this only asks whether its refusal is for funds."""
+        if isinstance(command, core.PostTransaction):
+            debited = [leg.account_id for leg in command.legs if leg.amount < 0 and leg.hold_id is None]
+        elif isinstance(command, core.PlaceHold):
+            debited = [command.account_id]
+        else:
+            return False
+        if not any(self.state.record(f"n/{account_id}") for account_id in debited):
+            return False
+        route = self.proc.route(command)
+        if route.command is not None:  # decided here, in one step
+            return core.decide(self.state, route.command, self.proc.currencies).reason is \
+                Rejection.INSUFFICIENT_FUNDS
+        if not route.spans or not isinstance(command, core.PostTransaction):
+            return False  # decided elsewhere, or refused on its route
+        # In two phases: its share here reserves what it takes from each account here as an internal hold
+        # (_reserve_share); the core judges that hold, as it will then.
+        taken: dict[str, int] = {}
+        for leg in command.legs:
+            if leg.hold_id is None and self.proc.home(leg.account_id) == self.proc.partition:
+                taken[leg.account_id] = taken.get(leg.account_id, 0) - leg.amount
+        for account_id, amount in taken.items():
+            if amount > 0 and self.state.record(f"n/{account_id}") and self.state.account(account_id) is not None:
+                probe = core.PlaceHold(command_id=names.step_id(account_id, "funds"), client_id=ENGINE_CLIENT,
+                                       at_ms=command.at_ms, hold_id=names.step_id(account_id, "funds"),
+                                       account_id=account_id, amount=amount)
+                if core.decide(self.state, probe, self.proc.currencies).reason is Rejection.INSUFFICIENT_FUNDS:
                     return True
         return False
 

@@ -1,11 +1,8 @@
-"""A known gap of the order across partitions (P10), written down as strict expected failures: a payment sent
-right after a transfer to the account it spends from, while the transfer is still in flight across partitions,
-is decided against what the account holds now and refused for the money the transfer is bringing, though it
-was sent after it. Making such a debit wait for the credits in flight passed these scenarios, but under the
-paused-worker fault test's traffic (tests/engine/test_faults.py) it filled the waiting queue, which then gave
-copies a second decision (fixed since: tests/engine/test_waiting_full_copy.py), and answered far too slowly: the
-queue is not built for that much use (docs/engine.md, "Order across partitions").
-Broker-free, through eight partition processors."""
+"""A payment sent after a transfer to the account it spends from is decided after that transfer (P10), in the
+partition where the money arrives, also while the transfer is still in flight across partitions: the debit the
+credit in flight could fund waits for the transfer's decision (spanning.Spanning._awaits_credit) instead of
+being refused for the money the transfer is bringing. Broker-free, through eight partition processors, and once
+through the broker."""
 from __future__ import annotations
 
 import pytest
@@ -16,18 +13,12 @@ from tests.helpers.interleavings import (EVERYONE, X1, X2, Y1, Y2, balances, che
 from tests.helpers.records import linked, open_account, place_hold, transfer
 
 
-
-GAP = pytest.mark.xfail(strict=True, reason="known gap: a debit is not made to wait for the credits in flight to its "
-                                           "account, so a payment chasing a transfer is refused for funds")
-
-
 def answer(bus: Bus, command_id: str) -> tuple:
     found = [(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == command_id]
     assert len(found) == 1, found
     return found[0]
 
 
-@GAP
 @pytest.mark.parametrize("placed", ["copies", "reserve first"])
 def test_a_payment_from_money_in_flight_waits_for_the_transfer_and_spends_it(placed):
     """X1 sends Y1 600 across partitions, then Y1 pays Y2 500 in partition 1. Partition 1 reads the transfer's
@@ -66,7 +57,6 @@ def test_when_the_transfer_fails_the_waiting_payment_is_refused_for_funds():
     assert_books_balance(bus, ("USD",))
 
 
-@GAP
 def test_a_hold_and_a_linked_batch_s_copy_wait_the_same_way():
     """The credit in flight is a linked batch's, reserved by its copy; a hold on it sent after waits too."""
     bus = funded_two_partitions()
@@ -93,7 +83,6 @@ def test_a_payment_that_would_fit_without_the_credit_does_not_wait():
     assert balances(bus) == {X1: (400, 0), X2: (0, 0), Y1: (610, 0), Y2: (40, 0)}
 
 
-@GAP
 @pytest.mark.parametrize("seed", range(4))
 def test_payments_chasing_transfers_keep_every_promise_through_crashes(seed):
     """Chains of transfers across partitions, each followed at once by a payment out of the money it brings,
@@ -113,7 +102,6 @@ def test_payments_chasing_transfers_keep_every_promise_through_crashes(seed):
     assert balances(bus) == {X1: (400, 0), X2: (0, 0), Y1: (240, 0), Y2: (360, 0)}
 
 
-@GAP
 def test_a_payment_across_partitions_from_money_in_flight_waits_too():
     """Y1 pays X2 (partition 0) 500 out of the 600 X1's transfer is bringing: the payment's share in partition 1
     (its coordinator's) would hold 500 of Y1, which the core refuses for funds now, so it waits."""
@@ -127,3 +115,41 @@ def test_a_payment_across_partitions_from_money_in_flight_waits_too():
     assert (answer(bus, "in"), answer(bus, "out")) == (("accepted", None), ("accepted", None))
     assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
     assert_books_balance(bus, ("USD",))
+
+
+def test_payments_chasing_transfers_through_the_broker(settings, start_worker):
+    """Through the broker, as a payment app sends: a transfer from one user to another in another partition, and
+    at once, without waiting, a payment out of the money it brings to a third user (most of them in yet another
+    partition, so the payment is a transaction across partitions too), eight times. Every payment posts (each
+    waited for its transfer where the money arrived), and the verifier finds every promise kept. Without the
+    wait, 7 of 8 payments were refused insufficient_funds."""
+    from connectors.client import Leg, LedgerClient
+    from projections.verify import format_report, verify, wait_quiescent
+    from streams import routing
+    from tests.helpers.results import outcome
+    from tests.helpers.topics import latest_balances
+
+    start_worker(extra_env={"LEDGER_TICK_S": "0"})
+    client = LedgerClient(settings, "wallet")
+    payer = "user:cp:USD"
+    home = routing.partition_of_account(payer, settings.partitions)
+    far = [f"user:cp{i}:USD" for i in range(200)
+           if routing.partition_of_account(f"user:cp{i}:USD", settings.partitions) != home]
+    payees, shops = far[:8], far[8:16]
+    try:
+        opened = [client.open_account(a, "USD") for a in [payer, *payees, *shops]]
+        opened.append(client.post("cp-dep", [Leg("sys:world:USD", -800), Leg(payer, 800)], kind="deposit"))
+        assert {outcome(r) for r in client.wait(opened).values()} == {"accepted"}
+        sent = []
+        for i, (payee, shop) in enumerate(zip(payees, shops)):
+            sent.append(client.post(f"cp-in-{i}", [Leg(payer, -100), Leg(payee, 100)]))
+            sent.append(client.post(f"cp-out-{i}", [Leg(payee, -70), Leg(shop, 70)]))
+        answers = client.wait(sent)
+        assert {i: outcome(answers[i]) for i in sent} == {i: "accepted" for i in sent}
+        assert wait_quiescent(settings)
+        balances = latest_balances(settings)
+        assert [balances[a]["posted"] for a in [payer, *payees, *shops]] == ["0"] + ["30"] * 8 + ["70"] * 8
+        report = verify(settings)
+        assert report.ok, format_report(report)
+    finally:
+        client.close()

@@ -1,0 +1,94 @@
+"""The waiting queue (streams/waiting.py): one engine record per waiting command, kept in arrival order by the
+partition state, through restarts and from the single record an earlier version kept. Broker-free, through
+eight partition processors."""
+from __future__ import annotations
+
+import json
+
+from streams.waiting import WAITING_ENTRY, WaitingIndex, parse_waiting_key, waiting_key
+from tests.helpers.bus import Bus, assert_books_balance
+from tests.helpers.records import command, local_users, open_account, tx
+
+
+def _entry(*keys: str) -> dict:
+    return {"keys": list(keys), "command": {}, "at_ms": 0}
+
+
+def test_the_index_keeps_arrival_order_and_counts_what_entries_hold():
+    index = WaitingIndex([(5, _entry("a:x")), (2, _entry("a:x", "h:1")), (9, _entry("a:y"))])
+    assert list(index.entries) == [2, 5, 9] and index.next_seq() == 10
+    assert index.holds_any(["a:x"]) and index.holds_any(["h:1", "a:z"]) and not index.holds_any(["a:z"])
+    index.drop(2)
+    assert index.holds_any(["a:x"]) and not index.holds_any(["h:1"])  # 5 still holds a:x
+    index.drop(5)
+    index.drop(5)  # twice: nothing more
+    assert not index.holds_any(["a:x"]) and index.holds_any(["a:y"]) and len(index) == 1
+    index.put(3, _entry("a:z"))  # below the last: kept in order
+    assert list(index.entries) == [3, 9]
+    index.put(9, _entry("a:w"))  # the same seq again: replaced, its old keys no longer held
+    assert not index.holds_any(["a:y"]) and index.holds_any(["a:w"])
+    index.drop(3), index.drop(9)
+    assert index.next_seq() == 0 and not index.held
+    assert parse_waiting_key(waiting_key(42)) == 42 and waiting_key(42).startswith(WAITING_ENTRY)
+
+
+def _payee_with_a_reserved_credit() -> tuple[Bus, str, str]:
+    """A transfer's copy has reserved a credit to the payee in partition 1; its coordinator has not read it."""
+    payer, payee = local_users(1, 0)[0], local_users(1, 1)[0]
+    bus = Bus()
+    for account in (payer, payee):
+        bus.send(open_account(account), account)
+    bus.send(tx("dep", [("sys:world:USD", -100, None, None), (payer, 100, None, None)], "deposit"), payer)
+    bus.run()
+    bus.send_placed(tx("t0", [(payer, -10, None, None), (payee, 10, None, None)], "transfer"), payer)
+    bus.step(1)
+    return bus, payer, payee
+
+
+def _order(bus: Bus, ids: list[str]) -> list[str]:
+    return [r["command_id"] for r in bus.results if r["command_id"] in ids and not r["duplicate"]]
+
+
+def _waiting_records(bus: Bus, partition: int) -> list[bytes]:
+    return [k for k, _ in bus.stored(partition, b"e/" + WAITING_ENTRY.encode())] + \
+        [k for k, _ in bus.stored(partition, b"e/w") if k == b"e/w"]
+
+
+def test_waiting_commands_keep_their_order_through_a_restart_from_the_changelog():
+    bus, _, payee = _payee_with_a_reserved_credit()
+    ids = [f"fz{i}" for i in range(3)] + ["uf"]
+    for i in range(3):  # freezes wait for the reservation, the unfreeze behind them
+        bus.send(command(f"fz{i}", "FreezeAccount", {"account_id": payee}), payee)
+        bus.step(1)
+    bus.send(command("uf", "UnfreezeAccount", {"account_id": payee}), payee)
+    bus.step(1)
+    assert not _order(bus, ids) and len(bus.procs[1].state.waiting) == 4
+    bus.crash_restore(1, fresh_store=True)  # a new worker: the queue comes back from the changelog
+    assert len(bus.procs[1].state.waiting) == 4
+    bus.run()
+    assert _order(bus, ids) == ids
+    assert not _waiting_records(bus, 1) and len(bus.procs[1].state.waiting) == 0
+    assert bus.account(payee) == (10, 0)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_the_single_queue_record_of_an_earlier_version_is_drained_first():
+    bus, _, payee = _payee_with_a_reserved_credit()
+    for i in range(2):
+        bus.send(command(f"fz{i}", "FreezeAccount", {"account_id": payee}), payee)
+        bus.step(1)
+    # What an earlier version stored: the same entries in one list under `w`, no wq/ records.
+    store = bus.stores[1]
+    queued = [(k, json.loads(v)) for k, v in store.scan(b"e/" + WAITING_ENTRY.encode())]
+    assert len(queued) == 2
+    store.write({b"e/w": json.dumps([e for _, e in queued], separators=(",", ":")).encode()},
+                {k for k, _ in queued})
+    bus.crash_restore(1)
+    assert len(bus.procs[1].state.waiting) == 0
+    bus.send(command("uf", "UnfreezeAccount", {"account_id": payee}), payee)  # keeps its place behind them
+    bus.step(1)
+    assert len(bus.procs[1].state.waiting) == 1
+    bus.run()
+    assert _order(bus, ["fz0", "fz1", "uf"]) == ["fz0", "fz1", "uf"]
+    assert not _waiting_records(bus, 1)
+    assert_books_balance(bus, ("USD",))
