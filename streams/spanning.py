@@ -673,12 +673,13 @@ class Spanning:
         batch) credit before it, per account."""
         if command.client_id == ENGINE_CLIENT:
             return False
-        keys = self._keys(command, system=True)
-        if self.state.waiting.holds_any(keys):
-            return True
-        legacy = self.state.record(WAITING)
-        if legacy and {k for entry in legacy for k in entry["keys"]}.intersection(keys):
-            return True
+        waiting, legacy = self.state.waiting, self.state.record(WAITING)
+        if waiting.held or legacy:
+            keys = self._keys(command, system=True)
+            if waiting.holds_any(keys):
+                return True
+            if legacy and {k for entry in legacy for k in entry["keys"]}.intersection(keys):
+                return True
         return self._blocked(command, earlier or {})
 
     def wait(self, command: core.Command, offset: int) -> None:
