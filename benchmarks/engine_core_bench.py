@@ -30,7 +30,13 @@ step, records written per transfer, and the time split by phase:
 Phase times come from a second run with timers around those functions (exclusive times: a nested timed
 call counts in its own phase only); the total is from the first run, without timers.
 
-Run: .venv/bin/python benchmarks/engine_core_bench.py [--transfers 20000] [--per-record 500] [--profile]
+--chase: each transfer goes to an empty wallet (one of --users, in whatever partition its owner hashes to) and
+is chased at once, in the same engine batch, by a payment out of the money it brings to a funded user: the
+payment reaches the wallet's partition while the transfer's credit is in flight and waits for its decision
+(docs/engine.md, "Order across partitions", steps 4 and 7). It prints how the payments were answered and how
+long the waiting queue got: the cost of that wait under load.
+
+Run: .venv/bin/python benchmarks/engine_core_bench.py [--transfers 20000] [--per-record 500] [--profile] [--chase]
 """
 from __future__ import annotations
 
@@ -86,6 +92,7 @@ class NullLog:
         self.follow_ups: list[CommandRecord] = []
         self.records: Counter = Counter()  # records written per topic
         self.steps: Counter = Counter()  # results written per step of the protocol (step_of)
+        self.client_results: list[bytes] | None = None  # the clients' results, when asked to keep them
 
     def append(self, topic: str, partition: int) -> int:
         offset = self.ends[(topic, partition)]
@@ -119,7 +126,10 @@ class NullProducer:
     def produce(self, topic, value=None, key=None, partition=-1, on_delivery=None, timestamp=0, headers=None):
         offset = self.log.append(topic, partition)
         if topic.endswith(".results"):
-            self.log.steps[step_of(key)] += 1
+            step = step_of(key)
+            self.log.steps[step] += 1
+            if self.log.client_results is not None and step == "client's command":
+                self.log.client_results.append(value)
         if topic == self.log.commands_topic:
             self.log.follow_ups.append(CommandRecord(partition, offset, timestamp, key, value, headers))
         if on_delivery is not None:
@@ -193,7 +203,8 @@ class Phases:
 class Bench:
     """One engine over 8 RocksDB partitions in a temporary directory, and a client's encoded commands."""
 
-    def __init__(self, users: int, per_record: int):
+    def __init__(self, users: int, per_record: int, chase: bool = False):
+        self.chase = chase
         self.settings = Settings(bootstrap="127.0.0.1:1", prefix="corebench.", partitions=PARTITIONS)
         self.dir = Path(tempfile.mkdtemp(prefix="engine-core-bench-"))
         self.engine = Engine(self.settings, self.dir)
@@ -249,6 +260,12 @@ class Bench:
         for i in range(self.users):
             account = f"user:c{i}:{CURRENCY}"
             self.send(_transfer(f"fund-{i}", f"sys:world:{CURRENCY}", account, 10**9), account)
+        if self.chase:
+            for i in range(self.users):
+                wallet = f"user:w{i}:{CURRENCY}"
+                self.send(_command(f"open:{wallet}", "ledger.OpenAccount", {
+                    "account_id": wallet, "currency": CURRENCY, "allow_negative": False, "overdraft_limit": "0",
+                    "max_balance": None, "routing_key": None}), wallet)
         self.run(self.records())
         self.drain()
 
@@ -257,9 +274,22 @@ class Bench:
         for first in range(start, start + count, in_flight):
             for n in range(first, min(first + in_flight, start + count)):
                 debtor = f"user:c{n % self.users}:{CURRENCY}"
+                if self.chase:  # to an empty wallet, and at once a payment out of it
+                    wallet = f"user:w{(n * 7 + 1) % self.users}:{CURRENCY}"
+                    self.send(_transfer(f"t-{n}", debtor, wallet, 1), debtor)
+                    self.send(_transfer(f"p-{n}", wallet, f"user:c{(n * 3 + 2) % self.users}:{CURRENCY}", 1), wallet)
+                    continue
                 self.send(_transfer(f"t-{n}", debtor, f"user:c{(n * 7 + 1) % self.users}:{CURRENCY}", 1), debtor)
             self.run(self.records())
+            if self.chase:
+                self.longest_queue = max(self.longest_queue, self.waiting())
         self.drain()
+
+    longest_queue = 0
+
+    def waiting(self) -> int:
+        """Commands waiting for transactions in flight, over every partition."""
+        return sum(len(proc.state.waiting) for proc in self.engine.processors.values())
 
     def close(self) -> None:
         self.engine.close()
@@ -342,13 +372,15 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=1_000)
     parser.add_argument("--profile", action="store_true", help="cProfile one run and print the top functions")
     parser.add_argument("--no-phases", action="store_true", help="skip the second run with phase timers")
+    parser.add_argument("--chase", action="store_true",
+                        help="each transfer to an empty wallet, chased at once by a payment out of it (see above)")
     parser.add_argument("--codec", choices=("generated", "fastavro"), default="generated",
                         help="the generated Avro codec (schemas/fastcodec.py) or fastavro's schemaless writer/reader")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     if args.codec == "fastavro":
         use_fastavro(codec())
-    bench = Bench(args.users, args.per_record)
+    bench = Bench(args.users, args.per_record, args.chase)
     try:
         bench.setup()
         if args.profile:
@@ -362,7 +394,11 @@ def main() -> None:
         # A warm-up run (caches, RocksDB memtables), then the timed run and the run with phase timers.
         bench.transfers(0, min(args.transfers, 5_000), args.in_flight)
         calibration = calibration_us()
+        if args.chase:
+            bench.log.client_results, bench.longest_queue = [], 0
         elapsed, decided, written, steps = measure(bench, 10**6, args.transfers, args.in_flight)
+        answers = bench.log.client_results
+        bench.log.client_results = None
         calibration = (calibration + calibration_us()) / 2
         phases = Phases()
         if not args.no_phases:
@@ -388,6 +424,15 @@ def main() -> None:
           f"{per_transfer / calibration:.1f} calibrations, per decided command {per / calibration:.1f}")
     print("records written per transfer: " + ", ".join(
         f"{topic.split('.', 1)[1]} {n / args.transfers:.2f}" for topic, n in sorted(written.items())))
+    if answers is not None:
+        decoded = [codec().decode("result", value) for value in answers]
+        payments = Counter((r["outcome"], r["reason"]) for r in decoded if r["command_id"].startswith("p-"))
+        transfers = Counter((r["outcome"], r["reason"]) for r in decoded if r["command_id"].startswith("t-"))
+        print("chased payments answered: " + ", ".join(f"{o}{'' if why is None else ' ' + why} {n:,}"
+                                                     for (o, why), n in payments.most_common())
+              + "; their transfers: " + ", ".join(f"{o}{'' if why is None else ' ' + why} {n:,}"
+                                                   for (o, why), n in transfers.most_common())
+              + f"; longest waiting queue after a batch (all partitions): {bench.longest_queue:,}")
     if args.no_phases:
         return
     total = timed_elapsed / args.transfers * 1e6

@@ -170,6 +170,13 @@ class PartitionState:
         # Undo log of the command being decided: (key, staged value before or _MISSING, was a staged delete).
         # A command that fails part way is rolled back to its start (rollback), so it leaves nothing staged.
         self._journal: list[tuple[bytes, Any, bool]] = []
+        # For memos of judgements over the state (Spanning's waiting commands): how many times each key was
+        # written, and the keys read while watched (watch, watched). A memo keeps the version of every key its
+        # judgement read and holds while none was written since; generation moves when staged writes are
+        # undone or dropped, or the versions are forgotten, and makes every memo stale.
+        self.versions: dict[bytes, int] = {}
+        self.generation = 0
+        self._watched: set[bytes] | None = None
 
     def _load_currencies(self) -> None:
         """The registered currencies as committed, with the staged ones on top (c/<code> records)."""
@@ -243,6 +250,20 @@ class PartitionState:
 
     def _touch(self, key: bytes) -> None:
         self._journal.append((key, self._puts.get(key, _MISSING), key in self._deletes))
+        self.versions[key] = self.versions.get(key, 0) + 1
+
+    def _forget_versions(self) -> None:
+        self.versions = {}
+        self.generation += 1
+
+    def watch(self) -> None:
+        """Start recording the keys the StateReader methods and record() read (see versions)."""
+        self._watched = set()
+
+    def watched(self) -> set[bytes]:
+        """Stop recording; the keys read since watch()."""
+        keys, self._watched = self._watched or set(), None
+        return keys
 
     def rollback(self) -> None:
         """Undo every write staged since begin_command(): the command had no effect at all."""
@@ -256,6 +277,7 @@ class PartitionState:
             else:
                 self._deletes.discard(key)
         self._journal = []
+        self._forget_versions()
         self._accounts.clear()  # caches: reloaded from the staged writes and the store
         self._holds.clear()
         self._transactions.clear()
@@ -269,6 +291,8 @@ class PartitionState:
 
     # StateReader -------------------------------------------------------------------------------------------
     def account(self, account_id: str) -> Account | None:
+        if self._watched is not None:
+            self._watched.add(b"a/" + account_id.encode())
         try:
             return self._accounts[account_id]
         except KeyError:
@@ -278,6 +302,8 @@ class PartitionState:
             return value
 
     def hold(self, hold_id: str) -> Hold | None:
+        if self._watched is not None:
+            self._watched.add(b"h/" + hold_id.encode())
         try:
             return self._holds[hold_id]
         except KeyError:
@@ -287,6 +313,8 @@ class PartitionState:
             return value
 
     def transaction(self, transaction_id: str) -> core.PostedTransaction | None:
+        if self._watched is not None:
+            self._watched.add(b"t/" + transaction_id.encode())
         try:
             return self._transactions[transaction_id]
         except KeyError:
@@ -296,10 +324,14 @@ class PartitionState:
             return value
 
     def rate(self, snapshot_id: str) -> core.RateSnapshot | None:
+        if self._watched is not None:
+            self._watched.add(b"r/" + snapshot_id.encode())
         raw = self._get(b"r/" + snapshot_id.encode())  # rare (conversions only): not cached
         return None if raw is None else rate_from_record(_loads(raw))
 
     def processed(self, key: tuple[str, str]) -> Processed | None:
+        if self._watched is not None:
+            self._watched.add(_inbox_key(*key))
         if key == self._not_in_inbox:  # the engine looked it up just before the core asks
             return None
         change = self.change_record(*key)
@@ -315,6 +347,8 @@ class PartitionState:
     # Engine side -------------------------------------------------------------------------------------------
     def change_record(self, client_id: str, command_id: str) -> dict[str, Any] | None:
         """The stored StateChange of a decided command (the inbox entry), or None."""
+        if self._watched is not None:
+            self._watched.add(_inbox_key(client_id, command_id))
         raw = self._get(_inbox_key(client_id, command_id))
         if raw is None:
             self._not_in_inbox = (client_id, command_id)
@@ -396,6 +430,8 @@ class PartitionState:
     def record(self, key: str) -> Any:
         """An engine record (multi-partition transaction state, hold locks), or None. Shared: not to be
         changed in place."""
+        if self._watched is not None:
+            self._watched.add(b"e/" + key.encode())
         try:
             return self._records[key]
         except KeyError:
@@ -425,6 +461,8 @@ class PartitionState:
         self._puts = {}
         self._deletes = set()
         self._journal = []
+        if len(self.versions) > DECODED_CACHE_LIMIT:  # bounded: memos made before are stale, not wrong
+            self._forget_versions()
         if len(self._accounts) + len(self._holds) + len(self._transactions) > DECODED_CACHE_LIMIT:
             # The decoded records are a cache of the store, and nothing is staged now: dropping them keeps a
             # long-running worker's memory to its working set instead of every hold and transaction it met.
@@ -437,6 +475,7 @@ class PartitionState:
         self._puts = {}
         self._deletes = set()
         self._journal = []
+        self._forget_versions()
         self._accounts.clear()
         self._holds.clear()
         self._transactions.clear()

@@ -112,8 +112,11 @@ class Spanning:
         # kept here, so an id is not reused meanwhile): one step asks for the same ones several times.
         self._plans: dict[int, tuple[core.PostTransaction, placement.Plan]] = {}
         self._transactions: dict[int, tuple[dict, str, str, int, core.PostTransaction]] = {}
-        # The waiting commands as decoded, by where they wait (_waiting_command).
-        self._decoded: dict[Any, tuple[dict[str, Any], core.Command]] = {}
+        # The waiting commands as decoded, with the keys they are looked up by, by where they wait
+        # (_waiting_command); and whether each is still held back, with the state versions that judgement read
+        # (_still_blocked).
+        self._decoded: dict[Any, tuple[dict[str, Any], core.Command, list[str] | None]] = {}
+        self._judged: dict[Any, tuple[dict[str, Any], tuple[int, int], tuple[tuple[bytes, int], ...], bool]] = {}
 
     @property
     def state(self):
@@ -717,22 +720,49 @@ class Spanning:
         return [(WAITING, entry) for entry in self.state.record(WAITING) or ()] + \
             list(self.state.waiting.entries.items())
 
-    def _waiting_command(self, where: Any, entry: dict[str, Any]) -> core.Command:
-        """The entry's command, decoded once while the entry is the one waiting there."""
+    def _waiting_command(self, where: Any, entry: dict[str, Any]) -> tuple[core.Command, list[str]]:
+        """The entry's command and the keys it is looked up by (_keys, system legs included), decoded once
+        while the entry is the one waiting there (a transaction's keys are its legs'; other commands' may
+        depend on the state, a hold's account, and are looked up each time)."""
         memo = self._decoded.get(where)
         if memo is not None and memo[0] is entry:
-            return memo[1]
+            command, keys = memo[1], memo[2]
+            return command, (self._keys(command, system=True) if keys is None else keys)
         record = entry["command"]
         command = command_from_wire({**record, "body": tuple(record["body"])}, entry["at_ms"])
+        keys = self._keys(command, system=True)
         if where != WAITING:
             if len(self._decoded) > 2 * len(self.state.waiting) + 64:  # entries dropped by a rollback
                 self._decoded.clear()
-            self._decoded[where] = (entry, command)
-        return command
+                self._judged.clear()
+            self._decoded[where] = (entry, command, keys if isinstance(command, core.PostTransaction) else None)
+        return command, keys
+
+    def _still_blocked(self, where: Any, entry: dict[str, Any], command: core.Command) -> bool:
+        """_blocked for a waiting command, judged again only when a key that judgement read was written since
+        (PartitionState.versions): a drain follows every decision, and a queue of debits waiting for credits
+        would otherwise have the core judge each of them at every one."""
+        state = self.state
+        stamp = (state.generation, state.currencies_epoch)
+        memo = self._judged.get(where)
+        if memo is not None and memo[0] is entry and memo[1] == stamp:
+            versions = state.versions
+            if all(versions.get(key, 0) == version for key, version in memo[2]):
+                return memo[3]
+        state.watch()
+        try:
+            blocked = self._blocked(command, {})
+        finally:
+            read = state.watched()
+        if where != WAITING:
+            versions = state.versions
+            self._judged[where] = (entry, stamp, tuple((key, versions.get(key, 0)) for key in read), blocked)
+        return blocked
 
     def _unqueued(self, where: Any, entry: dict[str, Any]) -> list[tuple[str, Any]]:
         """The engine records that take the entry off the queue."""
         self._decoded.pop(where, None)
+        self._judged.pop(where, None)
         if where != WAITING:
             return [(waiting_key(where), None)]
         queue = list(self.state.record(WAITING) or ())
@@ -750,8 +780,8 @@ class Spanning:
             ahead: set[str] = set()
             chosen = None
             for where, entry in self._queue():
-                command = self._waiting_command(where, entry)
-                if not ahead.intersection(self._keys(command, system=True)) and not self._blocked(command, {}):
+                command, keys = self._waiting_command(where, entry)
+                if not ahead.intersection(keys) and not self._still_blocked(where, entry, command):
                     chosen = where, entry, command
                     break
                 ahead.update(entry["keys"])
