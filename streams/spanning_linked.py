@@ -47,7 +47,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from streams import core, names, placement, routing
+from streams import core, names, routing
 from streams.core import Leg, Rejection, linked, returns, settlement
 from streams.inflight import copy_due_key
 from streams.routing import ENGINE_CLIENT
@@ -252,7 +252,7 @@ class LinkedSpanning:
                 (items if stored is not None else _fingerprint(items)):
             for command in commands:
                 proc.reject(command.command_id, command.client_id, at_ms, Rejection.ID_CONFLICT,
-                            f"a linked batch of these command ids was sent before with other payloads")
+                            "a linked batch of these command ids was sent before with other payloads")
             return
         if decided is not None:
             wire = proc.codec.decode("result", decided["result"])

@@ -13,7 +13,7 @@ from streams.config import ConfigError
 from streams.seal import DEVELOPMENT
 from tests.helpers.authn import CLIENTS, TOPIC, WALLET, funded, results, send, wallet_tx
 from tests.helpers.bus import Bus, Record, assert_books_balance
-from tests.helpers.records import N, batch, command, local_users, open_account, transfer
+from tests.helpers.records import N, batch, command, local_users, open_account
 
 C = codec()
 VALUE = b"any record bytes"

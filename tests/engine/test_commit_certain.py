@@ -7,7 +7,7 @@ import pytest
 
 from streams.core.money import MAX_ABS_AMOUNT
 from tests.helpers.bus import Bus, assert_books_balance
-from tests.helpers.records import command, local_users, open_account, tx
+from tests.helpers.records import command, local_users, tx
 
 A = local_users(1, 0)[0]  # partition 0
 B = local_users(1, 5)[0]  # partition 5
@@ -90,7 +90,6 @@ def test_a_reversal_crediting_a_capped_account_with_a_reserved_credit_waits():
 
 def _stuck(bus):
     """(results of engine steps refused as unprocessable, reservations left, clearing total)."""
-    from streams import routing
     bad = [r for r in bus.results if r["reason"] == "invalid_command" and "unprocessable" in (r["detail"] or "")]
     from streams import names
     left = [(p, k) for p in range(bus.n) for k, _ in bus.stored(p, b"e/r/")]

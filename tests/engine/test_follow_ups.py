@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from streams import engine as engine_module
 from streams.config import Settings

@@ -19,7 +19,6 @@ from tests.helpers.bus import Bus, Crash
 from tests.helpers.interleavings import (
     PROPERTY, checked_bus, fill, finish, operation_lists, run_interleaved, send, step, until_reserved,
 )
-from tests.helpers.oracles import Oracles
 from tests.helpers.records import N, command, open_account, tx
 from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_P, SELLER_USDT, TRADE, setup_trade
 
