@@ -4,10 +4,15 @@ eight partition processors."""
 from __future__ import annotations
 
 import json
+import random
 
+import pytest
+
+from streams.spanning import Spanning
 from streams.waiting import WAITING_ENTRY, WaitingIndex, parse_waiting_key, waiting_key
 from tests.helpers.bus import Bus, assert_books_balance
-from tests.helpers.records import command, local_users, open_account, tx
+from tests.helpers.interleavings import X1, X2, Y1, Y2, balances, funded_two_partitions
+from tests.helpers.records import command, local_users, open_account, place_hold, transfer, tx
 
 
 def _entry(*keys: str) -> dict:
@@ -92,3 +97,39 @@ def test_the_single_queue_record_of_an_earlier_version_is_drained_first():
     assert _order(bus, ["fz0", "fz1", "uf"]) == ["fz0", "fz1", "uf"]
     assert not _waiting_records(bus, 1)
     assert_books_balance(bus, ("USD",))
+
+
+def _chasing_traffic(seed: int) -> tuple[list, dict]:
+    """Transfers into Y1 (some refused: X1 runs out), payments out of Y1 chasing them (some across partitions),
+    holds on Y1 that expire in log time and releases of them, freezes and unfreezes of Y2, delivered in a
+    seeded random order: what the waiting commands' judgements depend on changes in every way, not only by
+    the credits in flight. Returns every result and the balances."""
+    rng = random.Random(seed)
+    bus = funded_two_partitions()
+    for i in range(10):
+        bus.send_placed(transfer(f"in-{i}", (X1, -100), (Y1, 100)), X1)
+        amount = rng.randint(40, 160)
+        bus.send_placed(transfer(f"out-{i}", (Y1, -amount), (rng.choice([Y2, X2]), amount)), Y1)
+        if rng.random() < 0.5:
+            bus.send(place_hold(f"h{i}", Y1, rng.randint(10, 120), bus.clock + rng.randint(1, 30)), Y1)
+        if rng.random() < 0.3:
+            bus.send(command(f"rel-{i}", "ReleaseHold", {"hold_id": f"h{i - 1}"}), Y1)
+        if rng.random() < 0.2:
+            kind = rng.choice(["FreezeAccount", "UnfreezeAccount"])
+            bus.send(command(f"fz-{i}", kind, {"account_id": Y2}), Y2)
+        for _ in range(rng.randint(0, 3)):
+            bus.tick(rng, max_records=4)
+    bus.run_random(rng, max_records=4)
+    return ([(r["command_id"], r["outcome"], r["reason"], r["duplicate"]) for r in bus.results],
+            balances(bus))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_reusing_a_waiting_command_s_judgement_changes_no_decision(seed, monkeypatch):
+    """A drain reuses a waiting command's last judgement while nothing it read was written since
+    (Spanning._still_blocked). The same traffic decided with every waiting command judged afresh at every
+    drain gives the same results, in the same order, and the same balances."""
+    remembered = _chasing_traffic(seed)
+    assert any(r[0].startswith("out-") and r[1] == "accepted" for r in remembered[0])
+    monkeypatch.setattr(Spanning, "_still_blocked", lambda self, where, entry, command: self._blocked(command, {}))
+    assert _chasing_traffic(seed) == remembered
