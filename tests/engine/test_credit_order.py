@@ -1,8 +1,8 @@
 """A payment sent after a transfer to the account it spends from is decided after that transfer (P10), in the
 partition where the money arrives, also while the transfer is still in flight across partitions: the debit the
 credit in flight could fund waits for the transfer's decision (spanning.Spanning._awaits_credit) instead of
-being refused for the money the transfer is bringing. Broker-free, through eight partition processors, and once
-through the broker."""
+being refused for the money the transfer is bringing. Broker-free, through eight partition processors (through
+the broker: tests/engine/test_cross_partition.py)."""
 from __future__ import annotations
 
 import pytest
@@ -116,40 +116,3 @@ def test_a_payment_across_partitions_from_money_in_flight_waits_too():
     assert balances(bus) == {X1: (400, 0), X2: (500, 0), Y1: (100, 0), Y2: (0, 0)}
     assert_books_balance(bus, ("USD",))
 
-
-def test_payments_chasing_transfers_through_the_broker(settings, start_worker):
-    """Through the broker, as a payment app sends: a transfer from one user to another in another partition, and
-    at once, without waiting, a payment out of the money it brings to a third user (most of them in yet another
-    partition, so the payment is a transaction across partitions too), eight times. Every payment posts (each
-    waited for its transfer where the money arrived), and the verifier finds every promise kept. Without the
-    wait, 7 of 8 payments were refused insufficient_funds."""
-    from connectors.client import Leg, LedgerClient
-    from projections.verify import format_report, verify, wait_quiescent
-    from streams import routing
-    from tests.helpers.results import outcome
-    from tests.helpers.topics import latest_balances
-
-    start_worker(extra_env={"LEDGER_TICK_S": "0"})
-    client = LedgerClient(settings, "wallet")
-    payer = "user:cp:USD"
-    home = routing.partition_of_account(payer, settings.partitions)
-    far = [f"user:cp{i}:USD" for i in range(200)
-           if routing.partition_of_account(f"user:cp{i}:USD", settings.partitions) != home]
-    payees, shops = far[:8], far[8:16]
-    try:
-        opened = [client.open_account(a, "USD") for a in [payer, *payees, *shops]]
-        opened.append(client.post("cp-dep", [Leg("sys:world:USD", -800), Leg(payer, 800)], kind="deposit"))
-        assert {outcome(r) for r in client.wait(opened).values()} == {"accepted"}
-        sent = []
-        for i, (payee, shop) in enumerate(zip(payees, shops)):
-            sent.append(client.post(f"cp-in-{i}", [Leg(payer, -100), Leg(payee, 100)]))
-            sent.append(client.post(f"cp-out-{i}", [Leg(payee, -70), Leg(shop, 70)]))
-        answers = client.wait(sent)
-        assert {i: outcome(answers[i]) for i in sent} == {i: "accepted" for i in sent}
-        assert wait_quiescent(settings)
-        balances = latest_balances(settings)
-        assert [balances[a]["posted"] for a in [payer, *payees, *shops]] == ["0"] + ["30"] * 8 + ["70"] * 8
-        report = verify(settings)
-        assert report.ok, format_report(report)
-    finally:
-        client.close()

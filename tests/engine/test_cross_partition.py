@@ -2,19 +2,26 @@
 
 The producer (LedgerClient) places a trade whose buyer and seller live in different partitions in both
 partitions, then at once sends the closes of both orders: every partition decides the trade before the
-closes, so every trade is accepted and every close releases exactly what the trade left.
+closes, so every trade is accepted and every close releases exactly what the trade left. And a payment sent
+right after a transfer, out of the money it brings, is decided after it (tests/engine/test_credit_order.py has
+the same broker-free).
 """
 from __future__ import annotations
+
+import time
 
 from fastapi.testclient import TestClient
 
 from connectors import rules
-from connectors.client import LedgerClient
+from connectors.client import Leg, LedgerClient
 from connectors.rules import DepositConfirmed, OrderClosed, OrderPlaced, Party, TradeExecuted
 from projections.api import create_app
 from projections.projector import catch_up
+from projections.topics import latest_per_account, read_topic
 from projections.verify import format_report, verify, wait_quiescent
 from streams import routing
+from tests.helpers.results import outcome
+from tests.helpers.topics import latest_balances
 
 PAIRS = 20
 
@@ -92,11 +99,6 @@ def test_a_close_sent_right_after_a_trade_never_overtakes_it(settings, start_wor
 
 
 # --- one pair at a time: a retry in flight, a close right after, payments the payee's partition refuses ---------
-import time  # noqa: E402  (appended section)
-
-from connectors.client import Leg  # noqa: E402
-from projections.topics import latest_per_account, read_topic  # noqa: E402
-
 
 def _setup_pair(client: LedgerClient, b: str, s: str) -> None:
     """Both users' USDT and BTC accounts, 1000 USDT for the buyer and 1 BTC for the seller, a bid of 0.5 BTC
@@ -239,3 +241,35 @@ def test_a_payment_to_a_closed_or_unknown_account_elsewhere_is_refused_as_in_one
     report = verify(settings)
     assert report.ok, format_report(report)
     client.close()
+
+
+def test_payments_chasing_transfers_through_the_broker(settings, start_worker):
+    """Through the broker, as a payment app sends: a transfer from one user to another in another partition, and
+    at once, without waiting, a payment out of the money it brings to a third user (most of them in yet another
+    partition, so the payment is a transaction across partitions too), eight times. Every payment posts (each
+    waited for its transfer where the money arrived), and the verifier finds every promise kept. Without the
+    wait, 7 of 8 payments were refused insufficient_funds."""
+    start_worker(extra_env={"LEDGER_TICK_S": "0"})
+    client = LedgerClient(settings, "wallet")
+    payer = "user:cp:USD"
+    home = routing.partition_of_account(payer, settings.partitions)
+    far = [f"user:cp{i}:USD" for i in range(200)
+           if routing.partition_of_account(f"user:cp{i}:USD", settings.partitions) != home]
+    payees, shops = far[:8], far[8:16]
+    try:
+        opened = [client.open_account(a, "USD") for a in [payer, *payees, *shops]]
+        opened.append(client.post("cp-dep", [Leg("sys:world:USD", -800), Leg(payer, 800)], kind="deposit"))
+        assert {outcome(r) for r in client.wait(opened).values()} == {"accepted"}
+        sent = []
+        for i, (payee, shop) in enumerate(zip(payees, shops)):
+            sent.append(client.post(f"cp-in-{i}", [Leg(payer, -100), Leg(payee, 100)]))
+            sent.append(client.post(f"cp-out-{i}", [Leg(payee, -70), Leg(shop, 70)]))
+        answers = client.wait(sent)
+        assert {i: outcome(answers[i]) for i in sent} == {i: "accepted" for i in sent}
+        assert wait_quiescent(settings)
+        balances = latest_balances(settings)
+        assert [balances[a]["posted"] for a in [payer, *payees, *shops]] == ["0"] + ["30"] * 8 + ["70"] * 8
+        report = verify(settings)
+        assert report.ok, format_report(report)
+    finally:
+        client.close()
