@@ -7,7 +7,9 @@ Re-emitted records (a command redone after a crash) are recognised by their ids 
 `verify(settings)` reads the topics; `check(streams)` judges what was read and needs no broker. Each oracle is
 one function below (`check_*`), fed by a few pure derivations (`_sent`, `_decisions`, `_distinct`) and the
 read side's one fold of history and of hold states (`projections.fold`);
-every violation names the account, transaction, hold or command concerned. A record verify cannot read (bytes
+every violation names the account, transaction, hold or command concerned. `verify` also names every partition
+where a transaction stays open (`open_transaction`): what was committed after it is hidden from every
+read_committed reader, this check's own included (projections/ends.py). A record verify cannot read (bytes
 that do not decode, or an amount that is not an integer) is skipped, counted as `unreadable.<topic>` and listed
 in the report's notes: it is not itself a broken promise, but whatever it hid shows up in the oracles (a lost
 result leaves its command unanswered, a lost history entry leaves a gap).
@@ -24,6 +26,7 @@ from typing import Callable, Iterable, Sequence, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from projections.ends import describe, open_transactions
 from projections.fold import Balance, fold_holds, fold_journal, journals as journals_of, remaining, walk
 from projections.topics import SCHEMA_OF_TOPIC, TopicRecord, latest_per_account, read_topic
 from schemas.codec import DecodeError, codec
@@ -36,6 +39,7 @@ from streams.limits import echo_ids
 
 ENGINE_CLIENT = routing.ENGINE_CLIENT  # the client id of engine steps (follow-ups between partitions)
 MAX_MESSAGES = 200  # violations (and notes) kept in a report; the counts go on
+OPEN_SETTLE_S = 5.0  # a worker's transaction lasts well under a second
 
 CommandKey = tuple[str, str]  # (client_id, command_id)
 T = TypeVar("T")
@@ -281,9 +285,15 @@ def read_streams(settings: Settings, counted: Callable[[str, Iterable], Iterable
                    balances=read("balances"), dead_letters=read("dlq"))
 
 
-def verify(settings: Settings, counted: Callable[[str, Iterable], Iterable] | None = None) -> Report:
-    """Read the ledger's topics and check every oracle over them."""
-    return check(read_streams(settings, counted))
+def verify(settings: Settings, counted: Callable[[str, Iterable], Iterable] | None = None,
+           settle_s: float = OPEN_SETTLE_S) -> Report:
+    """Read the ledger's topics and check every oracle over them; then that no transaction stays open in them
+    (projections/ends.py), which would hide from every read_committed reader what was committed after it
+    (settle_s: how long an open transaction's last stable offset must stay put to count)."""
+    report = check(read_streams(settings, counted))
+    for end in open_transactions(settings, settle_s):
+        report.fail("open_transaction", describe(end, settle_s))
+    return report
 
 
 def check(streams: Streams) -> Report:

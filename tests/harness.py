@@ -12,12 +12,12 @@ from confluent_kafka.admin import AdminClient
 
 from connectors.local_worker import RESTORED, Worker
 from connectors.scratch import bootstrap, drop, fresh_settings
+from projections.ends import End, Ends, Unreadable, stuck
 from projections.exactly_once import assert_exactly_once
 from projections.topics import TopicRecord
 from projections.verify import Streams, check, format_report, read_streams, wait_quiescent
 from streams import config
 from streams.config import Settings
-from streams.kafka_errors import timeout_within
 
 __all__ = ["RESTORED", "ROOT", "Worker", "assert_books_ok", "assert_exactly_once", "bootstrap", "broker_api_versions",
            "changelog_ends", "drop", "fresh_settings", "load_settings", "topic_ends"]
@@ -55,73 +55,49 @@ def assert_books_ok(settings: Settings):
 
 
 # The topics the oracles read (projections/verify.py, read_streams), and the changelog the quiet point is judged by.
-_ENDS_TOPICS = (("commands", "commands"), ("results", "results"), ("history", "history"), ("balances", "balances"),
-                ("dlq", "dead_letters"), ("changelog", None))
+_READ_FIELD = {"commands": "commands", "results": "results", "history": "history", "balances": "balances",
+               "dlq": "dead_letters"}  # topic -> the Streams field the oracles read it into (the changelog: none)
 
 
 def topic_ends(settings: Settings, streams: Streams | None = None, timeout_s: float = 30.0,
                settle_s: float = 5.0) -> str:
-    """Where each topic the oracles read ends, per partition: the first offset, the last stable offset (LSO: the
-    end a read_committed reader sees, held back by the earliest transaction still open there), the high watermark
-    (HWM: the end a read_uncommitted reader sees) and, given what the oracles read, the offset after the last
-    record they got. For a failure message: a passing run never calls it.
+    """Where each topic the oracles read ends, per partition (projections/ends.py): the first offset, the last
+    stable offset (LSO: the end a read_committed reader sees, held back by the earliest transaction still open
+    there), the high watermark (HWM: the end a read_uncommitted reader sees) and, given what the oracles read,
+    the offset after the last record they got. For a failure message: a passing run never calls it.
 
-    LSO < HWM: a transaction is open in that partition, and a read_committed reader sees nothing past its first
-    record, whatever was committed after it. Such partitions are looked at again settle_s later: a worker's
-    transaction lasts well under a second, so an LSO that did not move is a transaction nobody is finishing (one
-    whose commit or abort marker the broker lost: docs/reliability.md, "Hazards still open"). A reader that got
-    more than one offset less than the LSO (a commit marker takes the last one) stopped short of the end it was
-    given, or the LSO moved since, or only aborted records and markers follow."""
+    LSO < HWM: a transaction is open in that partition; those whose LSO did not move settle_s later are named
+    (projections.ends.stuck). A reader that got more than one offset less than the LSO (a commit marker takes the
+    last one) stopped short of the end it was given, or the LSO moved since, or only aborted records and
+    markers follow."""
     read: dict[str, dict[int, int]] = {}
-    for name, field in _ENDS_TOPICS:
-        if streams is not None and field is not None:
+    for name, field in _READ_FIELD.items():
+        if streams is not None:
             reached: dict[int, int] = {}
             record: TopicRecord
             for record in getattr(streams, field):
                 reached[record.partition] = max(reached.get(record.partition, 0), record.offset + 1)
             read[name] = reached
-    committed = Consumer({**settings.kafka_config(), "group.id": f"ends-{uuid.uuid4()}",
-                          "isolation.level": "read_committed"})
-    uncommitted = Consumer({**settings.kafka_config(), "group.id": f"ends-{uuid.uuid4()}",
-                            "isolation.level": "read_uncommitted"})
     deadline = time.monotonic() + timeout_s
     lines = ["where each topic ends now, per partition (LSO: the end a read_committed reader sees; HWM: the high "
              "watermark; read: the offset after the last record the oracles got, - for none; ! LSO below HWM, "
              "< read more than one offset below the LSO):"]
-    open_at: dict[tuple[str, int], tuple[int, int]] = {}  # (topic name, partition) -> (LSO, HWM) where LSO < HWM
-    try:
-        for name, _ in _ENDS_TOPICS:
-            for p in range(settings.partitions):
-                tp = TopicPartition(settings.topic(name), p)
-                try:
-                    low, lso = committed.get_watermark_offsets(tp, timeout=timeout_within(deadline, 10))
-                    hwm = uncommitted.get_watermark_offsets(tp, timeout=timeout_within(deadline, 10))[1]
-                except Exception as exc:  # noqa: BLE001 - a failure message must come out whatever the broker says
-                    lines.append(f"  ? {name}[{p}]: {exc}")
-                    continue
-                got = read.get(name, {}).get(p)
-                seen = "" if name not in read else f"  read {'-' if got is None else got}"
-                if lso < hwm:
-                    open_at[(name, p)] = (lso, hwm)
-                mark = "!" if lso < hwm else "<" if got is not None and got < lso - 1 else " "
-                lines.append(f"  {mark} {name}[{p}]  first {low}  LSO {lso}  HWM {hwm}{seen}")
-        if open_at:
-            time.sleep(settle_s)
-            stuck = []
-            for (name, p), (lso, hwm) in open_at.items():
-                try:
-                    again = committed.get_watermark_offsets(TopicPartition(settings.topic(name), p),
-                                                            timeout=timeout_within(deadline, 10))[1]
-                except Exception:  # noqa: BLE001 - as above
-                    continue
-                if again == lso:
-                    stuck.append(f"{name}[{p}] at {lso} (HWM {hwm})")
-            if stuck:
-                lines.append(f"  the LSO did not move in {settle_s:g} s: {', '.join(stuck)}: a transaction stays "
-                             "open there, and read_committed readers see nothing committed after its first record")
-    finally:
-        committed.close()
-        uncommitted.close()
+    with Ends(settings) as ends:
+        found = ends.all(deadline=deadline)
+        for e in found:
+            if isinstance(e, Unreadable):
+                lines.append(f"  ? {e.topic}[{e.partition}]: {e.error}")
+                continue
+            got = read.get(e.topic, {}).get(e.partition)
+            seen = "" if e.topic not in read else f"  read {'-' if got is None else got}"
+            mark = "!" if e.open else "<" if got is not None and got < e.lso - 1 else " "
+            lines.append(f"  {mark} {e.topic}[{e.partition}]  first {e.first}  LSO {e.lso}  HWM {e.hwm}{seen}")
+        held = stuck(ends, [e for e in found if isinstance(e, End) and e.open], settle_s, deadline)
+    if held:
+        lines.append(f"  the LSO did not move in {settle_s:g} s: "
+                     + ", ".join(f"{e.topic}[{e.partition}] at {e.lso} (HWM {e.hwm})" for e in held)
+                     + ": a transaction stays open there, and read_committed readers see nothing committed after "
+                       "its first record")
     return "\n".join(lines)
 
 

@@ -1,11 +1,12 @@
 """The books' failure message says where each topic ends (tests/harness.py, topic_ends): a partition an open
 transaction holds back shows its last stable offset below its high watermark, and is named when that offset stays
-put; a partition read to its end shows how far the oracles' reader got."""
+put; a partition read to its end shows how far the oracles' reader got. `ledger verify` names such a partition
+as a violation (projections/ends.py)."""
 from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from projections.verify import read_streams
+from projections.verify import read_streams, verify
 from tests.harness import topic_ends
 
 
@@ -37,3 +38,23 @@ def test_an_open_transaction_shows_its_partitions_lso_below_the_high_watermark(s
     text = topic_ends(settings, read_streams(settings), settle_s=0.5)
     assert _row(text, "history[3]") == "history[3]  first 0  LSO 2  HWM 2  read -"
     assert "did not move" not in text
+
+
+def test_verify_names_a_transaction_that_stays_open(settings):
+    """A transaction left open in a partition hides what is committed after it from every read_committed reader:
+    verify says where, and once it is aborted, says nothing of it."""
+    producer = Producer({**settings.kafka_config(), "transactional.id": f"{settings.prefix}ends-verify"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(settings.topic("results"), b"open", b"k", partition=5)
+    producer.flush(30)
+
+    report = verify(settings, settle_s=0.5)
+    opened = [v for v in report.violations if v.startswith("open_transaction:")]
+    assert opened == ["open_transaction: results[5]: a transaction stays open at offset 0 (the log ends at 1; the "
+                      "last stable offset did not move in 0.5 s): read_committed readers see nothing committed "
+                      "after it"], report.violations
+
+    producer.abort_transaction(30)
+    report = verify(settings, settle_s=0.5)
+    assert not [v for v in report.violations if v.startswith("open_transaction")], report.violations
