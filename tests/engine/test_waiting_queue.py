@@ -77,6 +77,40 @@ def test_waiting_commands_keep_their_order_through_a_restart_from_the_changelog(
     assert_books_balance(bus, ("USD",))
 
 
+def test_a_waiting_command_keeps_its_place_behind_a_blocked_one_through_other_decisions():
+    """A freeze of Y waits for a transfer in flight to Y (its copy reserved the credit; its coordinator, in a
+    third partition, has not read it); an unfreeze and a hold on Y wait behind it, though neither would wait
+    alone. Other transfers into Y's partition are decided meanwhile, and each decision drains the queue: the
+    freeze is still held back, so nothing behind it may go. Once the transfer is decided: freeze, unfreeze,
+    hold, in that order."""
+    z, x, y, y2 = local_users(1, 2)[0], local_users(1, 0)[0], *local_users(2, 1)
+    bus = Bus()
+    for account in (z, x, y, y2):
+        bus.send(open_account(account), account)
+    for account in (z, x):
+        bus.send(tx(f"dep-{account}", [("sys:world:USD", -100, None, None), (account, 100, None, None)], "deposit"),
+                 account)
+    bus.run()
+    bus.send_placed(tx("t0", [(z, -10, None, None), (y, 10, None, None)], "transfer"), z)
+    bus.step(1)  # the copy reserves the credit to y; partition 2 (its coordinator) is left unread below
+    bus.send(command("fz", "FreezeAccount", {"account_id": y}), y)
+    bus.send(command("uf", "UnfreezeAccount", {"account_id": y}), y)
+    bus.send(place_hold("h", y, 5, None), y)
+    for i in range(3):  # decided meanwhile, each ending with a Decide in partition 1
+        bus.send_placed(tx(f"t{i + 1}", [(x, -1, None, None), (y2, 1, None, None)], "transfer"), x)
+    while bus.pending(0) or bus.pending(1):
+        for p in (0, 1):
+            if bus.pending(p):
+                bus.step(p)
+    ids = ["fz", "uf", "hold:h"]
+    assert [bus.result(f"t{i + 1}")["outcome"] for i in range(3)] == ["accepted"] * 3
+    assert not _order(bus, ids) and len(bus.procs[1].state.waiting) == 3
+    bus.run()
+    assert _order(bus, ids) == ids
+    assert bus.account(y) == (10, 5)
+    assert_books_balance(bus, ("USD",))
+
+
 def test_the_single_queue_record_of_an_earlier_version_is_drained_first():
     bus, _, payee = _payee_with_a_reserved_credit()
     for i in range(2):
