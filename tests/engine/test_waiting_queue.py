@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from streams import partition
 from streams.spanning import Spanning
 from streams.waiting import WAITING_ENTRY, WaitingIndex, parse_waiting_key, waiting_key
 from tests.helpers.bus import Bus, assert_books_balance
@@ -158,11 +159,15 @@ def _chasing_traffic(seed: int) -> tuple[list, dict]:
             balances(bus))
 
 
+@pytest.mark.parametrize("forget", [False, True], ids=["versions kept", "versions forgotten at each commit"])
 @pytest.mark.parametrize("seed", range(8))
-def test_reusing_a_waiting_command_s_judgement_changes_no_decision(seed, monkeypatch):
+def test_reusing_a_waiting_command_s_judgement_changes_no_decision(seed, forget, monkeypatch):
     """A drain reuses a waiting command's last judgement while nothing it read was written since
     (Spanning._still_blocked). The same traffic decided with every waiting command judged afresh at every
-    drain gives the same results, in the same order, and the same balances."""
+    drain gives the same results, in the same order, and the same balances; also when the state forgets its
+    write counts at every commit (as it does past DECODED_CACHE_LIMIT keys), which must make every memo stale."""
+    if forget:
+        monkeypatch.setattr(partition, "DECODED_CACHE_LIMIT", 0)
     remembered = _chasing_traffic(seed)
     assert any(r[0].startswith("out-") and r[1] == "accepted" for r in remembered[0])
     monkeypatch.setattr(Spanning, "_still_blocked", lambda self, where, entry, command: self._blocked(command, {}))
