@@ -140,6 +140,73 @@ def test_the_copy_holds_what_its_share_takes_and_a_payment_sent_after_the_batch_
                                                                    ("after", "accepted", None)]
     assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (570, 0), Y2: (50, 0)}
     assert not engine_records(bus)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_copy_whose_coordinator_never_got_the_batch_is_dropped_after_its_wait_unanswered():
+    """The producer wrote the copy only (it died before writing to the coordinator): partition 1 holds Y1's
+    share until COPY_WAIT_MS of its log time has passed, then drops it. Nothing is answered (nothing was
+    decided); the batch sent again later is decided in full."""
+    bus = funded(y1=100)
+    batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
+    bus.run()
+    assert bus.account(Y1) == (100, 80) and not answers(bus, "l1", "l2")
+    sent_at = bus.clock
+    bus.send(transfer("later", (Y2, 0), (Y1, 0)), Y1, at_ms=sent_at + COPY_WAIT_MS - 1)  # any command moves log time
+    bus.run()
+    assert bus.account(Y1) == (100, 80), "not due yet"
+    bus.send(transfer("later-2", (Y2, 0), (Y1, 0)), Y1, at_ms=sent_at + COPY_WAIT_MS + 1)
+    bus.run()
+    assert bus.account(Y1) == (100, 0)
+    assert not answers(bus, "l1", "l2") and not engine_records(bus)
+    bus.send_linked_placed(batch, X1)
+    bus.run()
+    assert_y1_first_batch_posted(bus)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_copy_read_after_the_coordinator_s_reserve_reserves_nothing_more():
+    bus = funded(y1=100)
+    batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    bus.send_to(0, placed, key=routing.routing_key_for(X1).encode())
+    bus.step(0)  # begun: ReserveLinked is in partition 1's log before the copy
+    bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
+    bus.run()
+    assert_y1_first_batch_posted(bus)
+
+
+def test_a_copy_of_other_payloads_under_the_batch_s_ids_is_undone_when_the_real_batch_reserves():
+    """A copy naming the same commands with another amount (the producer's own forgery: the ids are its own)
+    holds 90 of Y1; the coordinator's ReserveLinked carries the batch it read, so partition 1 undoes the copy's
+    reservation and reserves the real share."""
+    bus = funded(y1=100)
+    real = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    other = linked(transfer("l1", (Y1, -90), (X2, 90)), transfer("l2", (X1, -600), (Y1, 600)))
+    key = routing.routing_key_for(X1).encode()
+    for partition, value in ((1, other), (0, real)):
+        bus.send_to(partition, C.encode("command_batch", {**C.decode("command_batch", value), "coordinator": 0}),
+                    key=key)
+    bus.step(1)
+    assert bus.account(Y1) == (100, 90)
+    bus.run()
+    assert_y1_first_batch_posted(bus)
+    assert_books_balance(bus, ("USD",))
+
+
+def test_the_copy_sent_again_and_the_batch_sent_again_change_nothing_twice():
+    bus = funded(y1=100)
+    batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
+    bus.send_linked_placed(batch, X1)
+    bus.send_linked_placed(batch, X1)
+    bus.run()
+    assert [a for a in answers(bus, "l1", "l2")] == [
+        ("l1", "accepted", None, False), ("l2", "accepted", None, False),
+        ("l1", "accepted", None, True), ("l2", "accepted", None, True)]
+    assert balances(bus) == {X1: (400, 0), X2: (80, 0), Y1: (620, 0), Y2: (0, 0)}
+    assert not engine_records(bus)
 
 
 def test_a_batch_naming_a_coordinator_that_does_not_exist_is_refused_whole():
