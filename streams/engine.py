@@ -761,12 +761,14 @@ class Engine:
         self._tick_producer.poll(0)
 
     def _due(self, partition: int, now_ms: int) -> bool:
-        """Whether the partition's earliest indexed expiry, or the end of a copy's wait for its coordinator's
-        Reserve, has passed (ended holds still indexed count too: the tick drops them)."""
+        """Whether the partition's earliest indexed expiry, the end of a copy's wait for its coordinator's
+        Reserve, or the end of a waiting command's wait for copied credits has passed (ended holds still indexed
+        count too: the tick drops them)."""
         proc = self.processors.get(partition)
         if proc is None:
             return False
-        return proc.state.expiries.due_by(now_ms) or proc.state.copy_dues.due_by(now_ms)
+        state = proc.state
+        return state.expiries.due_by(now_ms) or state.copy_dues.due_by(now_ms) or state.waiting.dues.due_by(now_ms)
 
     def close(self) -> None:
         for producer in self.producers.values():

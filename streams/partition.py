@@ -524,6 +524,9 @@ class PartitionProcessor:
         # Where the command being decided sits in the log: "<offset>" or "<offset>.<index in its batch>";
         # unique per command, so ids derived from it are too.
         self.position = ""
+        # The log time of the record being decided (its Kafka timestamp): what a waiting command's judgement
+        # compares its wait for copied credits with (Spanning._awaits_credit).
+        self.now_ms = 0
         self._homes: dict[str, int | None] = {}
         # The fingerprints of the last few commands asked about, by identity (each kept with its command, so an
         # id is not reused meanwhile): a transaction's steps ask for its fingerprint several times.
@@ -566,6 +569,7 @@ class PartitionProcessor:
         exactly as if each had been a record of its own (with this record's time). headers: the record's
         Kafka headers (the engine's seal, if a worker wrote it)."""
         self._raw, self._sealed, self._signer = (value, headers), None, None
+        self.now_ms = timestamp_ms
         if self.codec.is_a("command_batch", value):
             try:
                 batch = self.codec.decode("command_batch", value)
@@ -784,7 +788,9 @@ class PartitionProcessor:
         # A linked copy's drop may have queued commands (its mark stays until they were drained: after a crash
         # between the two, the record delivered again drains them).
         woken = self.linked_spanning.wake_due()
-        if due or woken:
+        # Waiting commands whose wait for copied credits ended by now are judged again (their turn may have come).
+        ended = self.state.waiting.dues.take_due(now_ms)
+        if due or woken or ended:
             self.spanning.drain(offset)
         if woken:
             self.linked_spanning.woken(offset, now_ms)

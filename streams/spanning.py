@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import json
 
 from streams import core, limits, names, placement, routing
 from streams.inflight import InFlight, Reservation, coordinator_key, copy_due_key, reservation_key, returning_key
-from streams.waiting import waiting_key
+from streams.waiting import COPIED_CREDIT_WAIT_MS, waiting_key
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, returns, settlement
 from streams.routing import ENGINE_CLIENT
@@ -116,7 +117,7 @@ class Spanning:
         # (_waiting_command); and whether each is still held back, with the state versions that judgement read
         # (_still_blocked).
         self._decoded: dict[Any, tuple[dict[str, Any], core.Command, list[str] | None]] = {}
-        self._judged: dict[Any, tuple[dict[str, Any], tuple[int, int], tuple[tuple[bytes, int], ...], bool]] = {}
+        self._judged: dict[Any, tuple[dict[str, Any], tuple[int, int, bool], tuple[tuple[bytes, int], ...], bool]] = {}
 
     @property
     def state(self):
@@ -740,10 +741,13 @@ class Spanning:
 
     def _still_blocked(self, where: Any, entry: dict[str, Any], command: core.Command) -> bool:
         """_blocked for a waiting command, judged again only when a key that judgement read was written since
-        (PartitionState.versions): a drain follows every decision, and a queue of debits waiting for credits
-        would otherwise have the core judge each of them at every one."""
+        (PartitionState.versions), or its wait for copied credits ended: a drain follows every two-phase
+        decision, and a queue of debits waiting for credits would otherwise have the core judge each of them at
+        every one. A command decided already (a crash cut between its decision and its leaving the queue) is
+        not held back: it is answered again."""
         state = self.state
-        stamp = (state.generation, state.currencies_epoch)
+        # The judgement depends on log time in one way only: whether its wait for copied credits has ended.
+        stamp = (state.generation, state.currencies_epoch, self.proc.now_ms < command.at_ms + COPIED_CREDIT_WAIT_MS)
         memo = self._judged.get(where)
         if memo is not None and memo[0] is entry and memo[1] == stamp:
             versions = state.versions
@@ -751,7 +755,10 @@ class Spanning:
                 return memo[3]
         state.watch()
         try:
-            blocked = self._blocked(command, {})
+            # Decided already (a crash cut between its decision and its leaving the queue): its turn has come,
+            # it is answered again.
+            blocked = state.change_record(command.client_id, command.command_id) is None and \
+                self._blocked(command, {})
         finally:
             read = state.watched()
         if where != WAITING:
@@ -825,28 +832,44 @@ class Spanning:
                                             account.posted + sum(reserved.values()) + earlier.get(account_id, 0)
                                             + amount > core.MAX_ABS_AMOUNT):
                     return True
-        return self._awaits_credit(command)
+        return self._awaits_credit(command, earlier)
 
-    def _awaits_credit(self, command: core.Command) -> bool:
+    def _awaits_credit(self, command: core.Command, earlier: dict[str, int]) -> bool:
         """A debit (a payment decided here, its share here of one across partitions, or a hold) the core refuses
-        for funds now, on an account that transactions in flight credit (n/<account>): it waits for their
-        decision and is decided then, at its own log time. So a payment sent after a transfer to the account it
-        spends from (across partitions, reserved here at the producer's position by its copy, or by its
-        Reserve) is decided after that transfer, as in one partition, not refused for the money the transfer
-        is bringing (P10). Whichever way the transfer ends, the debit is then judged on what the account
-        holds. The core judges; this only asks whether its refusal is for funds."""
+        for funds now, and would not refuse for funds were the credits in flight to its account (n/<account>)
+        posted: it waits for their decision and is decided then, at its own log time. So a payment sent after a
+        transfer to the account it spends from (across partitions, reserved here at the producer's position by
+        its copy, or by its Reserve) is decided after that transfer, as in one partition, not refused for the
+        money the transfer is bringing (P10). Whichever way the transfer ends, the debit is then judged on what
+        the account holds. A debit those credits could not fund is refused at once. Credits only a producer's
+        copy reserved count until COPIED_CREDIT_WAIT_MS after the debit (streams/waiting.py: why). earlier: what
+        the commands decided with it (a linked batch) credit before it, per account, counted as posted. The
+        core judges; this only asks whether its refusal is for funds."""
         if isinstance(command, core.PostTransaction):
             debited = [leg.account_id for leg in command.legs if leg.amount < 0 and leg.hold_id is None]
         elif isinstance(command, core.PlaceHold):
             debited = [command.account_id]
         else:
             return False
-        if not any(self.state.record(f"n/{account_id}") for account_id in debited):
+        copies_count = self.proc.now_ms < command.at_ms + COPIED_CREDIT_WAIT_MS
+        coming: dict[str, int] = {}
+        for account_id in debited:
+            reserved = self.state.record(f"n/{account_id}")
+            if reserved:
+                total = sum(amount for key, amount in reserved.items() if copies_count or not self._copied(key))
+                if total:
+                    coming[account_id] = total
+        if not coming:
             return False
+        now = _Credited(self.state, earlier)
+        funded = _Credited(self.state, {a: earlier.get(a, 0) + coming.get(a, 0) for a in {*earlier, *coming}})
+
+        def for_funds(reader: "_Credited", probe: core.Command) -> bool:
+            return core.decide(reader, probe, self.proc.currencies).reason is Rejection.INSUFFICIENT_FUNDS
+
         route = self.proc.route(command)
         if route.command is not None:  # decided here, in one step
-            return core.decide(self.state, route.command, self.proc.currencies).reason is \
-                Rejection.INSUFFICIENT_FUNDS
+            return for_funds(now, route.command) and not for_funds(funded, route.command)
         if not route.spans or not isinstance(command, core.PostTransaction):
             return False  # decided elsewhere, or refused on its route
         # In two phases: its share here reserves what it takes from each account here as an internal hold
@@ -856,13 +879,21 @@ class Spanning:
             if leg.hold_id is None and self.proc.home(leg.account_id) == self.proc.partition:
                 taken[leg.account_id] = taken.get(leg.account_id, 0) - leg.amount
         for account_id, amount in taken.items():
-            if amount > 0 and self.state.record(f"n/{account_id}") and self.state.account(account_id) is not None:
+            if amount > 0 and account_id in coming and self.state.account(account_id) is not None:
                 probe = core.PlaceHold(command_id=names.step_id(account_id, "funds"), client_id=ENGINE_CLIENT,
                                        at_ms=command.at_ms, hold_id=names.step_id(account_id, "funds"),
                                        account_id=account_id, amount=amount)
-                if core.decide(self.state, probe, self.proc.currencies).reason is Rejection.INSUFFICIENT_FUNDS:
+                if for_funds(now, probe) and not for_funds(funded, probe):
                     return True
         return False
+
+    def _copied(self, key: str) -> bool:
+        """Whether the credit in flight of transaction (or linked batch) key T is reserved only by a producer's
+        copy here, its coordinator's Reserve not come yet."""
+        data = self.state.record(reservation_key(key))
+        if data is not None:
+            return Reservation.from_json(data).copy is not None
+        return self.proc.linked_spanning.copied(key)
 
     def over_budget(self, key: str, accounts: list[str], locks: dict[str, list],
                      credits: dict[str, int],
@@ -1106,3 +1137,30 @@ class Spanning:
         tx = command_from_wire(command_record(client_id, command_id, "PostTransaction", wire), at_ms)
         self._transactions[id(wire)] = (wire, client_id, command_id, at_ms, tx)
         return tx
+
+
+class _Credited:
+    """The partition's state as a debit would meet it were some credits posted: each named account's posted
+    raised by its amount (what a linked batch's earlier commands credit, and the credits in flight)."""
+
+    def __init__(self, state, extra: dict[str, int]):
+        self._state, self._extra = state, extra
+
+    def account(self, account_id: str):
+        account = self._state.account(account_id)
+        extra = self._extra.get(account_id, 0)
+        if account is None or not extra:
+            return account
+        return replace(account, posted=account.posted + extra)
+
+    def hold(self, hold_id: str):
+        return self._state.hold(hold_id)
+
+    def processed(self, key):
+        return self._state.processed(key)
+
+    def transaction(self, transaction_id: str):
+        return self._state.transaction(transaction_id)
+
+    def rate(self, snapshot_id: str):
+        return self._state.rate(snapshot_id)

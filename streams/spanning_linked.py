@@ -167,6 +167,12 @@ class LinkedSpanning:
             seen.add(key)
         return None
 
+    def copied(self, key: str) -> bool:
+        """Whether linked batch key K's share here is reserved only by the producer's copy, its ReserveLinked not
+        come yet (a credit it counts in flight then waits on another partition's progress: Spanning._copied)."""
+        share = self.state.record(_SHARE + key)
+        return share is not None and share.get("copy") is not None
+
     def in_flight(self, command: core.Command) -> bool:
         """A transaction of a linked batch in flight whose home is this partition (see retry)."""
         return isinstance(command, core.PostTransaction) and \
@@ -215,15 +221,19 @@ class LinkedSpanning:
             self._again(key, stored, decided, items, commands, offset, at_ms)
             return
         failures: list[linked.Failure] = []
+        credited: dict[str, int] = {}  # what the batch's earlier commands credit, per account (as Linking counts)
         for index, command in enumerate(commands):
             found = [refusals[index]] if refusals[index] is not None else []
             found += core.transaction_shape_failures(command) or proc.spanning.whole(command)
             found += [r for r in [proc.spanning.refusal(command)] if r is not None]
-            if not found and proc.spanning.waits(command):  # as in one partition: a batch cannot wait whole
+            if not found and proc.spanning.waits(command, credited):  # as in one partition: a batch cannot wait
                 found.append((Rejection.IN_FLIGHT, "it would wait for a transaction in flight, and a linked batch "
                                                    "is decided at once or not at all; send it again once that is "
                                                    "decided"))
             failures += [(index, reason, detail) for reason, detail in found]
+            for leg in command.legs:
+                if leg.amount > 0:
+                    credited[leg.account_id] = credited.get(leg.account_id, 0) + leg.amount
         wires = [command_to_wire(c)["body"][1] for c in commands]
         participants = sorted({p for c in commands for p in self._participants(c)} | {proc.partition})
         body = {"batch_client_id": commands[0].client_id, "batch_command_id": name,

@@ -9,13 +9,23 @@ of the state, so a redo or a replay numbers it the same. (Earlier versions kept 
 That record is still read until it empties.)
 
 The partition state keeps the entries in arrival order and counts what they hold back (their keys, see
-Spanning._keys), so asking whether a command names something a waiting command holds is a look-up per key.
+Spanning._keys), so asking whether a command names something a waiting command holds is a look-up per key,
+and indexes them by when their wait for credits only a producer's copy reserved ends (COPIED_CREDIT_WAIT_MS).
 """
 from __future__ import annotations
 
 from typing import Any, Iterable
 
+from streams.due import DueIndex
+
 WAITING_ENTRY = "wq/"
+# How long, in log time from its own, a debit waits for credits in flight that only a producer's copy has
+# reserved (the copy's coordinator has not begun the transaction). Such a credit depends on a command in
+# another partition's log, which may itself wait for this partition: two payments each waiting for the
+# other's incoming money would wait for each other until the copies are dropped (COPY_WAIT_MS, minutes).
+# A credit the coordinator has begun (its Reserve reserved it) is decided whatever waits anywhere, and is
+# waited for without a bound. docs/engine.md, "Order across partitions", step 7.
+COPIED_CREDIT_WAIT_MS = 3_000
 
 
 def waiting_key(seq: int) -> str:
@@ -34,6 +44,9 @@ class WaitingIndex:
     def __init__(self, pairs: Iterable[tuple[int, dict[str, Any]]] = ()):
         self.entries: dict[int, dict[str, Any]] = {}
         self.held: dict[str, int] = {}
+        # By the end of each entry's wait for copied credits (its time + COPIED_CREDIT_WAIT_MS): a drain is due
+        # then (PartitionProcessor.expire_due), and a quiet partition gets a tick (Engine._due).
+        self.dues = DueIndex()
         for seq, entry in sorted(pairs, key=lambda pair: pair[0]):
             self.put(seq, entry)
 
@@ -46,11 +59,13 @@ class WaitingIndex:
         held = self.held
         for key in entry["keys"]:
             held[key] = held.get(key, 0) + 1
+        self.dues.put(str(seq), entry["at_ms"] + COPIED_CREDIT_WAIT_MS)
 
     def drop(self, seq: int) -> None:
         entry = self.entries.pop(seq, None)
         if entry is None:
             return
+        self.dues.drop(str(seq))
         held = self.held
         for key in entry["keys"]:
             left = held[key] - 1
