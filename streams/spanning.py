@@ -43,6 +43,7 @@ from streams.inflight import InFlight, Reservation, coordinator_key, copy_due_ke
 from streams.waiting import COPIED_CREDIT_WAIT_MS, waiting_key
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, returns, settlement
+from streams.core.state import WithAccounts
 from streams.routing import ENGINE_CLIENT
 from streams.wire import (command_from_wire, command_record, command_to_wire, holds_to_wire, rejection_to_wire,
                           result_to_wire)
@@ -861,10 +862,10 @@ class Spanning:
                     coming[account_id] = total
         if not coming:
             return False
-        now = _Credited(self.state, earlier)
-        funded = _Credited(self.state, {a: earlier.get(a, 0) + coming.get(a, 0) for a in {*earlier, *coming}})
+        now = self._credited(earlier)
+        funded = self._credited({a: earlier.get(a, 0) + coming.get(a, 0) for a in {*earlier, *coming}})
 
-        def for_funds(reader: "_Credited", probe: core.Command) -> bool:
+        def for_funds(reader: WithAccounts, probe: core.Command) -> bool:
             return core.decide(reader, probe, self.proc.currencies).reason is Rejection.INSUFFICIENT_FUNDS
 
         route = self.proc.route(command)
@@ -886,6 +887,15 @@ class Spanning:
                 if for_funds(now, probe) and not for_funds(funded, probe):
                     return True
         return False
+
+    def _credited(self, extra: dict[str, int]) -> WithAccounts:
+        """The state as a debit would meet it were these credits posted (each account's posted raised)."""
+        accounts = {}
+        for account_id, amount in extra.items():
+            account = self.state.account(account_id) if amount else None
+            if account is not None:
+                accounts[account_id] = replace(account, posted=account.posted + amount)
+        return WithAccounts(self.state, accounts)
 
     def _copied(self, key: str) -> bool:
         """Whether the credit in flight of transaction (or linked batch) key T is reserved only by a producer's
@@ -1137,30 +1147,3 @@ class Spanning:
         tx = command_from_wire(command_record(client_id, command_id, "PostTransaction", wire), at_ms)
         self._transactions[id(wire)] = (wire, client_id, command_id, at_ms, tx)
         return tx
-
-
-class _Credited:
-    """The partition's state as a debit would meet it were some credits posted: each named account's posted
-    raised by its amount (what a linked batch's earlier commands credit, and the credits in flight)."""
-
-    def __init__(self, state, extra: dict[str, int]):
-        self._state, self._extra = state, extra
-
-    def account(self, account_id: str):
-        account = self._state.account(account_id)
-        extra = self._extra.get(account_id, 0)
-        if account is None or not extra:
-            return account
-        return replace(account, posted=account.posted + extra)
-
-    def hold(self, hold_id: str):
-        return self._state.hold(hold_id)
-
-    def processed(self, key):
-        return self._state.processed(key)
-
-    def transaction(self, transaction_id: str):
-        return self._state.transaction(transaction_id)
-
-    def rate(self, snapshot_id: str):
-        return self._state.rate(snapshot_id)

@@ -51,7 +51,7 @@ from streams.core.rejections import Rejection
 from streams.core.results import ACCEPTED, REJECTED, Processed, Result
 from streams.core.returns import Returned, covered, judge_named, returned_payment
 from streams.core.settlement import LATE_SETTLEMENT, STRICT, ended, judge_capture, receivable_of, terms_of
-from streams.core.state import Changes, StateReader, no_changes
+from streams.core.state import Changes, StateReader, WithAccounts, no_changes
 
 __all__ = ["decide", "execute", "execute_share", "apply", "Result", "MAX_LEGS", "transaction_shape_failures"]
 
@@ -388,30 +388,6 @@ def _judge_reverse(state: StateReader, c: ReverseTransaction, currencies: Curren
     return (*judged, TransactionReversed(transaction_id=c.reverses, reversed_by=c.transaction_id, at_ms=c.at_ms))
 
 
-class _WithAccount:
-    """state, plus one account a decision opens before it posts to it (a payee's receivable)."""
-
-    __slots__ = ("_state", "_account")
-
-    def __init__(self, state: StateReader, account: Account) -> None:
-        self._state, self._account = state, account
-
-    def account(self, account_id: str) -> Account | None:
-        return self._account if account_id == self._account.id else self._state.account(account_id)
-
-    def hold(self, hold_id: str):
-        return self._state.hold(hold_id)
-
-    def processed(self, key):
-        return self._state.processed(key)
-
-    def transaction(self, transaction_id: str):
-        return self._state.transaction(transaction_id)
-
-    def rate(self, snapshot_id: str):
-        return self._state.rate(snapshot_id)
-
-
 def _judge_return(state: StateReader, c: PostTransaction, currencies: CurrencyRegistry) -> _Judgement:
     """A return or chargeback (streams/core/returns.py): checked against the payment it names, then what the
     payee's available cannot cover is taken from its receivable, and the legs are judged like any transaction."""
@@ -432,8 +408,8 @@ def _judge_return(state: StateReader, c: PostTransaction, currencies: CurrencyRe
             if state.account(receivable) is None:
                 opened = (AccountOpened(account_id=receivable, currency=account.currency,
                                         routing_key=account.routing_key, policy=SYSTEM_POLICY, at_ms=c.at_ms),)
-                reader = _WithAccount(state, Account(receivable, account.currency, account.routing_key,
-                                                     SYSTEM_POLICY, _OPEN, 0, 0, 0, None, c.at_ms))
+                reader = WithAccounts(state, {receivable: Account(receivable, account.currency, account.routing_key,
+                                                                  SYSTEM_POLICY, _OPEN, 0, 0, 0, None, c.at_ms)})
             debit = next(leg for leg in legs if leg.account_id == payee)
             credit = next(leg for leg in legs if leg.account_id == payer)
             legs = ((Leg(payee, -take, None, debit.currency),) if take else ()) + (

@@ -14,7 +14,7 @@ from streams.core.model import Account, HistoryEntry, Hold, PostedTransaction, R
 from streams.core.money import Currency
 from streams.core.results import Processed, Result
 
-__all__ = ["StateReader", "Changes", "MemoryState", "Processed", "Result", "InboxKey"]
+__all__ = ["StateReader", "Changes", "MemoryState", "Processed", "Result", "InboxKey", "WithAccounts"]
 
 # (client_id, command_id): the idempotency key of a command.
 InboxKey = tuple[str, str]
@@ -32,6 +32,32 @@ class StateReader(Protocol):
     def transaction(self, transaction_id: str) -> PostedTransaction | None: ...
 
     def rate(self, snapshot_id: str) -> RateSnapshot | None: ...
+
+
+class WithAccounts:
+    """A StateReader: state, with some accounts as given instead of as stored (an account a decision opens
+    before it posts to it; an account seen as it would be with credits in flight posted: streams/spanning.py)."""
+
+    __slots__ = ("_state", "_accounts")
+
+    def __init__(self, state: StateReader, accounts: dict[str, Account]) -> None:
+        self._state, self._accounts = state, accounts
+
+    def account(self, account_id: str) -> Account | None:
+        found = self._accounts.get(account_id)
+        return found if found is not None else self._state.account(account_id)
+
+    def hold(self, hold_id: str) -> Hold | None:
+        return self._state.hold(hold_id)
+
+    def processed(self, key: InboxKey) -> Processed | None:
+        return self._state.processed(key)
+
+    def transaction(self, transaction_id: str) -> PostedTransaction | None:
+        return self._state.transaction(transaction_id)
+
+    def rate(self, snapshot_id: str) -> RateSnapshot | None:
+        return self._state.rate(snapshot_id)
 
 
 @dataclass(frozen=True, slots=True)

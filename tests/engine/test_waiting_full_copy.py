@@ -6,22 +6,16 @@ from __future__ import annotations
 from schemas.codec import codec
 from streams import spanning
 from streams.core.rejections import NOT_A_DECISION
-from tests.helpers.bus import Bus, assert_books_balance
-from tests.helpers.records import command, local_users, open_account, tx
+from tests.helpers.bus import assert_books_balance
+from tests.helpers.interleavings import payee_with_a_reserved_credit
+from tests.helpers.records import command, tx
 
 C = codec()
 
 
 def test_a_copy_refused_by_a_full_waiting_queue_leaves_the_answer_to_the_coordinator(monkeypatch):
     monkeypatch.setattr(spanning, "WAITING_LIMIT", 3)
-    payer, payee = local_users(1, 0)[0], local_users(1, 1)[0]
-    bus = Bus()
-    for account in (payer, payee):
-        bus.send(open_account(account), account)
-    bus.send(tx("dep", [("sys:world:USD", -100, None, None), (payer, 100, None, None)], "deposit"), payer)
-    bus.run()
-    bus.send_placed(tx("t0", [(payer, -10, None, None), (payee, 10, None, None)], "transfer"), payer)
-    bus.step(1)  # the copy reserves the payee's credit in partition 1
+    bus, payer, payee = payee_with_a_reserved_credit()  # the copy reserves the payee's credit in partition 1
     for i in range(3):  # freezes of the payee wait for it until the queue is full
         bus.send(command(f"fz{i}", "FreezeAccount", {"account_id": payee}), payee)
         bus.step(1)

@@ -12,7 +12,7 @@ from streams import partition
 from streams.spanning import Spanning
 from streams.waiting import WAITING_ENTRY, WaitingIndex, parse_waiting_key, waiting_key
 from tests.helpers.bus import Bus, assert_books_balance
-from tests.helpers.interleavings import X1, X2, Y1, Y2, balances, funded_two_partitions
+from tests.helpers.interleavings import X1, X2, Y1, Y2, balances, funded_two_partitions, payee_with_a_reserved_credit
 from tests.helpers.records import command, local_users, open_account, place_hold, transfer, tx
 
 
@@ -38,19 +38,6 @@ def test_the_index_keeps_arrival_order_and_counts_what_entries_hold():
     assert parse_waiting_key(waiting_key(42)) == 42 and waiting_key(42).startswith(WAITING_ENTRY)
 
 
-def _payee_with_a_reserved_credit() -> tuple[Bus, str, str]:
-    """A transfer's copy has reserved a credit to the payee in partition 1; its coordinator has not read it."""
-    payer, payee = local_users(1, 0)[0], local_users(1, 1)[0]
-    bus = Bus()
-    for account in (payer, payee):
-        bus.send(open_account(account), account)
-    bus.send(tx("dep", [("sys:world:USD", -100, None, None), (payer, 100, None, None)], "deposit"), payer)
-    bus.run()
-    bus.send_placed(tx("t0", [(payer, -10, None, None), (payee, 10, None, None)], "transfer"), payer)
-    bus.step(1)
-    return bus, payer, payee
-
-
 def _order(bus: Bus, ids: list[str]) -> list[str]:
     return [r["command_id"] for r in bus.results if r["command_id"] in ids and not r["duplicate"]]
 
@@ -61,7 +48,7 @@ def _waiting_records(bus: Bus, partition: int) -> list[bytes]:
 
 
 def test_waiting_commands_keep_their_order_through_a_restart_from_the_changelog():
-    bus, _, payee = _payee_with_a_reserved_credit()
+    bus, _, payee = payee_with_a_reserved_credit()
     ids = [f"fz{i}" for i in range(3)] + ["uf"]
     for i in range(3):  # freezes wait for the reservation, the unfreeze behind them
         bus.send(command(f"fz{i}", "FreezeAccount", {"account_id": payee}), payee)
@@ -113,7 +100,7 @@ def test_a_waiting_command_keeps_its_place_behind_a_blocked_one_through_other_de
 
 
 def test_the_single_queue_record_of_an_earlier_version_is_drained_first():
-    bus, _, payee = _payee_with_a_reserved_credit()
+    bus, _, payee = payee_with_a_reserved_credit()
     for i in range(2):
         bus.send(command(f"fz{i}", "FreezeAccount", {"account_id": payee}), payee)
         bus.step(1)

@@ -56,6 +56,19 @@ def funded_two_partitions() -> Bus:
     return bus
 
 
+def payee_with_a_reserved_credit() -> tuple[Bus, str, str]:
+    """A transfer's copy has reserved a credit to the payee in partition 1; its coordinator has not read it."""
+    payer, payee = local_users(1, 0)[0], local_users(1, 1)[0]
+    bus = Bus()
+    for account in (payer, payee):
+        bus.send(open_account(account), account)
+    bus.send(tx("dep", [("sys:world:USD", -100, None, None), (payer, 100, None, None)], "deposit"), payer)
+    bus.run()
+    bus.send_placed(tx("t0", [(payer, -10, None, None), (payee, 10, None, None)], "transfer"), payer)
+    bus.step(1)
+    return bus, payer, payee
+
+
 def balances(bus: Bus) -> dict[str, tuple[int, int]]:
     """(posted, held) of each of EVERYONE."""
     return {a: bus.account(a) for a in EVERYONE}
