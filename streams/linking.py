@@ -199,7 +199,7 @@ class Linking:
                 continue  # a retry: its stored answer stands (execute_linked gives it)
             proc.position = f"{offset}.{index}"
             refusal = route.refusal or self._locked(command) or proc.spanning.refusal(command)
-            if refusal is None and proc.spanning.waits(command, credited):
+            if refusal is None and proc.spanning.waits(command, credited, can_wait=False):
                 refusal = (Rejection.IN_FLIGHT, "it would wait for a transaction in flight, and a linked batch is "
                                                 "decided at once or not at all; send it again once that is decided")
             if refusal is not None:

@@ -524,8 +524,8 @@ class PartitionProcessor:
         # Where the command being decided sits in the log: "<offset>" or "<offset>.<index in its batch>";
         # unique per command, so ids derived from it are too.
         self.position = ""
-        # The log time of the record being decided (its Kafka timestamp): what a waiting command's judgement
-        # compares its wait for copied credits with (Spanning._awaits_credit).
+        # The log time of the record being decided (its Kafka timestamp): a linked batch, which cannot wait,
+        # counts only credits copies reserved within COPIED_CREDIT_WAIT_MS of it (Spanning._awaits_credit).
         self.now_ms = 0
         self._homes: dict[str, int | None] = {}
         # The fingerprints of the last few commands asked about, by identity (each kept with its command, so an
@@ -788,8 +788,10 @@ class PartitionProcessor:
         # A linked copy's drop may have queued commands (its mark stays until they were drained: after a crash
         # between the two, the record delivered again drains them).
         woken = self.linked_spanning.wake_due()
-        # Waiting commands whose wait for copied credits ended by now are judged again (their turn may have come).
+        # Waiting debits whose wait for copied credits ends by now: recorded over, and judged again.
         ended = self.state.waiting.dues.take_due(now_ms)
+        if ended:
+            self.spanning.end_copied_waits([int(seq) for _, seq in ended], offset)
         if due or woken or ended:
             self.spanning.drain(offset)
         if woken:

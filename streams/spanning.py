@@ -40,7 +40,7 @@ import json
 
 from streams import core, limits, names, placement, routing
 from streams.inflight import InFlight, Reservation, coordinator_key, copy_due_key, reservation_key, returning_key
-from streams.waiting import COPIED_CREDIT_WAIT_MS, waiting_key
+from streams.waiting import COPIED_CREDIT_WAIT_MS, COPIED_WAIT_OVER, waiting_key
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, returns, settlement
 from streams.core.state import WithAccounts
@@ -118,7 +118,7 @@ class Spanning:
         # (_waiting_command); and whether each is still held back, with the state versions that judgement read
         # (_still_blocked).
         self._decoded: dict[Any, tuple[dict[str, Any], core.Command, list[str] | None]] = {}
-        self._judged: dict[Any, tuple[dict[str, Any], tuple[int, int, bool], tuple[tuple[bytes, int], ...], bool]] = {}
+        self._judged: dict[Any, tuple[dict[str, Any], tuple[int, int], tuple[tuple[bytes, int], ...], bool]] = {}
 
     @property
     def state(self):
@@ -670,12 +670,14 @@ class Spanning:
                 keys.append(f"a:{account_id}")
         return keys
 
-    def waits(self, command: core.Command, earlier: dict[str, int] | None = None) -> bool:
+    def waits(self, command: core.Command, earlier: dict[str, int] | None = None, can_wait: bool = True) -> bool:
         """Whether a client's command must wait for a transaction in flight before it is decided: it ends a
         hold a reservation has locked (release, expire), freezes or closes an account with reservations, is a
         debit the credits in flight to its account could fund, or names a hold or account a waiting command
         names (so it keeps its place behind it). earlier: what the commands decided together with it (a linked
-        batch) credit before it, per account."""
+        batch) credit before it, per account. can_wait=False: it cannot (a linked batch, refused in_flight
+        instead, to be sent again), so credits copies reserved count only within COPIED_CREDIT_WAIT_MS of
+        their reservation: a copy whose coordinator never comes does not make every retry fail for minutes."""
         if command.client_id == ENGINE_CLIENT:
             return False
         waiting, legacy = self.state.waiting, self.state.record(WAITING)
@@ -685,7 +687,8 @@ class Spanning:
                 return True
             if legacy and {k for entry in legacy for k in entry["keys"]}.intersection(keys):
                 return True
-        return self._blocked(command, earlier or {})
+        return self._blocked(command, earlier or {},
+                             None if can_wait else self.proc.now_ms - COPIED_CREDIT_WAIT_MS)
 
     def wait(self, command: core.Command, offset: int) -> None:
         """Queue the command; it is decided, at its own log time, once what it waits for is decided."""
@@ -716,6 +719,25 @@ class Spanning:
                            _accepted(wait_id, command.at_ms, "waits for a transaction in flight"),
                            records=[(waiting_key(state.waiting.next_seq()), entry)])
 
+    def end_copied_waits(self, seqs: list[int], offset: int) -> None:
+        """The waiting debits numbered seqs have waited COPIED_CREDIT_WAIT_MS of log time for credits only copies
+        reserved: each entry is rewritten with that wait over (streams/waiting.py, COPIED_WAIT_OVER), in a
+        StateChange of its own, so their next judgement counts begun credits only."""
+        proc, state = self.proc, self.state
+        for seq in seqs:
+            entry = state.waiting.entries.get(seq)
+            if entry is None or entry.get(COPIED_WAIT_OVER):
+                continue
+            record = entry["command"]
+            over_id = names.step_id(names.transaction_key(record["client_id"], record["command_id"]), "waitover",
+                                    f"{proc.partition}:{seq}")
+            if state.change_record(ENGINE_CLIENT, over_id) is not None:
+                continue
+            proc.commit_change(ENGINE_CLIENT, over_id, "", offset,
+                               _accepted(over_id, entry["at_ms"] + COPIED_CREDIT_WAIT_MS,
+                                         "waited for credits only copies reserved as long as it may"),
+                               records=[(waiting_key(seq), {**entry, COPIED_WAIT_OVER: True})])
+
     def _queue(self) -> list[tuple[Any, dict[str, Any]]]:
         """(where, entry) of every waiting command in arrival order: those of the one record an earlier version
         kept (where: WAITING), then the wq/ records (where: seq)."""
@@ -742,13 +764,13 @@ class Spanning:
 
     def _still_blocked(self, where: Any, entry: dict[str, Any], command: core.Command) -> bool:
         """_blocked for a waiting command, judged again only when a key that judgement read was written since
-        (PartitionState.versions), or its wait for copied credits ended: a drain follows every two-phase
+        (PartitionState.versions) or its entry was rewritten (its wait for copied credits over): a drain follows
+        every two-phase
         decision, and a queue of debits waiting for credits would otherwise have the core judge each of them at
         every one. A command decided already (a crash cut between its decision and its leaving the queue) is
         not held back: it is answered again."""
         state = self.state
-        # The judgement depends on log time in one way only: whether its wait for copied credits has ended.
-        stamp = (state.generation, state.currencies_epoch, self.proc.now_ms < command.at_ms + COPIED_CREDIT_WAIT_MS)
+        stamp = (state.generation, state.currencies_epoch)
         memo = self._judged.get(where)
         if memo is not None and memo[0] is entry and memo[1] == stamp:
             versions = state.versions
@@ -759,7 +781,7 @@ class Spanning:
             # Decided already (a crash cut between its decision and its leaving the queue): its turn has come,
             # it is answered again.
             blocked = state.change_record(command.client_id, command.command_id) is None and \
-                self._blocked(command, {})
+                self._blocked(command, {}, float("inf") if entry.get(COPIED_WAIT_OVER) else None)
         finally:
             read = state.watched()
         if where != WAITING:
@@ -808,7 +830,7 @@ class Spanning:
                                    records=self._unqueued(where, entry))
         proc.position = position
 
-    def _blocked(self, command: core.Command, earlier: dict[str, int]) -> bool:
+    def _blocked(self, command: core.Command, earlier: dict[str, int], copied_since: float | None = None) -> bool:
         """What a reservation holds: a locked hold (release, expiry), an account with reservations (freeze,
         close), the headroom under a balance limit that reserved credits count on (another credit), and the
         credits themselves (a debit they could fund: _awaits_credit)."""
@@ -833,9 +855,9 @@ class Spanning:
                                             account.posted + sum(reserved.values()) + earlier.get(account_id, 0)
                                             + amount > core.MAX_ABS_AMOUNT):
                     return True
-        return self._awaits_credit(command, earlier)
+        return self._awaits_credit(command, earlier, copied_since)
 
-    def _awaits_credit(self, command: core.Command, earlier: dict[str, int]) -> bool:
+    def _awaits_credit(self, command: core.Command, earlier: dict[str, int], copied_since: float | None) -> bool:
         """A debit (a payment decided here, its share here of one across partitions, or a hold) the core refuses
         for funds now, and would not refuse for funds were the credits in flight to its account (n/<account>)
         posted: it waits for their decision and is decided then, at its own log time. So a payment sent after a
@@ -843,21 +865,22 @@ class Spanning:
         its copy, or by its Reserve) is decided after that transfer, as in one partition, not refused for the
         money the transfer is bringing (P10). Whichever way the transfer ends, the debit is then judged on what
         the account holds. A debit those credits could not fund is refused at once. Credits only a producer's
-        copy reserved count until COPIED_CREDIT_WAIT_MS after the debit (streams/waiting.py: why). earlier: what
-        the commands decided with it (a linked batch) credit before it, per account, counted as posted. The
-        core judges; this only asks whether its refusal is for funds."""
+        copy reserved count while the debit's wait for them is not over (streams/waiting.py: why) and, with
+        copied_since, only those reserved after that log time. earlier: what the commands decided with it (a
+        linked batch) credit before it, per account, counted as posted. The core judges; this only asks whether
+        its refusal is for funds."""
         if isinstance(command, core.PostTransaction):
             debited = [leg.account_id for leg in command.legs if leg.amount < 0 and leg.hold_id is None]
         elif isinstance(command, core.PlaceHold):
             debited = [command.account_id]
         else:
             return False
-        copies_count = self.proc.now_ms < command.at_ms + COPIED_CREDIT_WAIT_MS
         coming: dict[str, int] = {}
         for account_id in debited:
             reserved = self.state.record(f"n/{account_id}")
             if reserved:
-                total = sum(amount for key, amount in reserved.items() if copies_count or not self._copied(key))
+                total = sum(amount for key, amount in reserved.items()
+                            if copied_since is None or self._counts(key, copied_since))
                 if total:
                     coming[account_id] = total
         if not coming:
@@ -897,13 +920,16 @@ class Spanning:
                 accounts[account_id] = replace(account, posted=account.posted + amount)
         return WithAccounts(self.state, accounts)
 
-    def _copied(self, key: str) -> bool:
-        """Whether the credit in flight of transaction (or linked batch) key T is reserved only by a producer's
-        copy here, its coordinator's Reserve not come yet."""
+    def _counts(self, key: str, since: float) -> bool:
+        """Whether the credit in flight of transaction (or linked batch) key T counts for a debit that counts
+        only what copies reserved after log time `since`: it does if the coordinator has begun T (its Reserve
+        reserved it, or this partition coordinates it), or if a producer's copy reserved it after `since`."""
         data = self.state.record(reservation_key(key))
         if data is not None:
-            return Reservation.from_json(data).copy is not None
-        return self.proc.linked_spanning.copied(key)
+            reservation = Reservation.from_json(data)
+            return reservation.copy is None or reservation.at_ms > since
+        copied_at = self.proc.linked_spanning.copied_at(key)
+        return copied_at is None or copied_at > since
 
     def over_budget(self, key: str, accounts: list[str], locks: dict[str, list],
                      credits: dict[str, int],

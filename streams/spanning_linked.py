@@ -167,11 +167,12 @@ class LinkedSpanning:
             seen.add(key)
         return None
 
-    def copied(self, key: str) -> bool:
-        """Whether linked batch key K's share here is reserved only by the producer's copy, its ReserveLinked not
-        come yet (a credit it counts in flight then waits on another partition's progress: Spanning._copied)."""
+    def copied_at(self, key: str) -> int | None:
+        """When linked batch key K's share here was reserved, if only by the producer's copy (its ReserveLinked
+        not come yet: a credit it counts in flight then waits on another partition's progress,
+        Spanning._counts); None otherwise."""
         share = self.state.record(_SHARE + key)
-        return share is not None and share.get("copy") is not None
+        return share["at_ms"] if share is not None and share.get("copy") is not None else None
 
     def in_flight(self, command: core.Command) -> bool:
         """A transaction of a linked batch in flight whose home is this partition (see retry)."""
@@ -226,7 +227,7 @@ class LinkedSpanning:
             found = [refusals[index]] if refusals[index] is not None else []
             found += core.transaction_shape_failures(command) or proc.spanning.whole(command)
             found += [r for r in [proc.spanning.refusal(command)] if r is not None]
-            if not found and proc.spanning.waits(command, credited):  # as in one partition: a batch cannot wait
+            if not found and proc.spanning.waits(command, credited, can_wait=False):  # a batch cannot wait
                 found.append((Rejection.IN_FLIGHT, "it would wait for a transaction in flight, and a linked batch "
                                                    "is decided at once or not at all; send it again once that is "
                                                    "decided"))

@@ -26,6 +26,14 @@ WAITING_ENTRY = "wq/"
 # A credit the coordinator has begun (its Reserve reserved it) is decided whatever waits anywhere, and is
 # waited for without a bound. docs/engine.md, "Order across partitions", step 7.
 COPIED_CREDIT_WAIT_MS = 3_000
+# The entry field that records, in the queue's own record, that the wait for copied credits is over: set by
+# the first command whose log time reaches the entry's time + COPIED_CREDIT_WAIT_MS (Spanning.end_copied_waits),
+# so whether a waiting debit still counts copied credits is part of the state, whatever the log time of the
+# step that drains it (an engine step carries its transaction's time) and whatever restarts came between.
+COPIED_WAIT_OVER = "copied_wait_over"
+# Commands that may debit: only they wait for credits (Spanning._awaits_credit), so only they are indexed by
+# the end of that wait.
+_MAY_DEBIT = ("ledger.PostTransaction", "ledger.PlaceHold")
 
 
 def waiting_key(seq: int) -> str:
@@ -44,8 +52,9 @@ class WaitingIndex:
     def __init__(self, pairs: Iterable[tuple[int, dict[str, Any]]] = ()):
         self.entries: dict[int, dict[str, Any]] = {}
         self.held: dict[str, int] = {}
-        # By the end of each entry's wait for copied credits (its time + COPIED_CREDIT_WAIT_MS): a drain is due
-        # then (PartitionProcessor.expire_due), and a quiet partition gets a tick (Engine._due).
+        # Debits still counting copied credits, by the end of that wait (their time + COPIED_CREDIT_WAIT_MS):
+        # then it is recorded over and a drain is due (PartitionProcessor.expire_due), and a quiet partition gets
+        # a tick (Engine._due).
         self.dues = DueIndex()
         for seq, entry in sorted(pairs, key=lambda pair: pair[0]):
             self.put(seq, entry)
@@ -59,7 +68,10 @@ class WaitingIndex:
         held = self.held
         for key in entry["keys"]:
             held[key] = held.get(key, 0) + 1
-        self.dues.put(str(seq), entry["at_ms"] + COPIED_CREDIT_WAIT_MS)
+        if not entry.get(COPIED_WAIT_OVER) and entry["command"]["body"][0] in _MAY_DEBIT:
+            self.dues.put(str(seq), entry["at_ms"] + COPIED_CREDIT_WAIT_MS)
+        else:
+            self.dues.drop(str(seq))
 
     def drop(self, seq: int) -> None:
         entry = self.entries.pop(seq, None)

@@ -240,3 +240,52 @@ def test_a_share_reserved_by_a_copy_waits_for_the_credits_in_flight_too():
     bus.step(1)
     bus.run()
     assert _answers(bus, "in", "two") == [("accepted", None)] * 2
+
+
+def _bound_outlives(restart: bool) -> list:
+    """D (X1 -> X2 1,200; X1 holds 1,000) waits for a begun credit of 300 (b, which will abort) and a copied one
+    of 300 (c, whose coordinator does not read it). Its wait for the copied credit ends while b still holds it
+    back; then b aborts (its Decide carries b's own, older, log time), and much later another record comes.
+    The end of that wait is in the queue's record, so d is judged on what X1 holds whatever the drain's log
+    time, and the same with a restart between two records."""
+    bus = funded_two_partitions()
+    bus.send(transfer("b", (Y2, -300), (X1, 300)), Y2)  # coordinated in partition 1; Y2 holds nothing
+    bus.step(1)  # begun: the Reserve is in partition 0's log
+    bus.step(0)  # partition 0 reserves b's credit to X1
+    bus.send_placed(transfer("c", (Y1, -300), (X1, 300)), Y1)
+    bus.step(0)  # c's copy: 300 more to X1, reserved by the copy only
+    bus.send(transfer("d", (X1, -1_200), (X2, 1_200)), X1)
+    bus.step(0)
+    waited = _answers(bus, "d")
+    bus.send(open_account("user:late-0:USD"), X1, bus.clock + COPIED_CREDIT_WAIT_MS + 1)
+    bus.step(0)  # the copied wait is over; d still waits, rightly, for b: 1,000 + 300 >= 1,200
+    still = _answers(bus, "d")
+    bus.step(1)  # b's vote: b is refused (Y2 holds nothing); its Decide goes to partition 0
+    bus.step(0)  # b's credit released: d is judged again
+    if restart:
+        bus.crash_restore(0)
+    bus.send(open_account("user:later-0:USD"), X1, bus.clock + 60_000)
+    bus.step(0)
+    return [waited, still, _answers(bus, "d")]
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted between two records"])
+def test_the_end_of_a_wait_for_copied_credits_outlives_older_log_times_and_restarts(restart):
+    assert _bound_outlives(restart) == [[None], [None], [("rejected", "insufficient_funds")]]
+
+
+def test_a_linked_batch_counts_a_copied_credit_only_for_a_while():
+    """A copy's credit to Y1 whose coordinator never reads it: a linked batch paying out of that money is refused
+    in_flight (send it again) while the copy is recent, and judged on what Y1 holds (refused for funds) once
+    COPIED_CREDIT_WAIT_MS has passed since the copy, not for the copy's whole life (COPY_WAIT_MS)."""
+    bus = funded_two_partitions()
+    bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
+    bus.logs[0].pop()  # its coordinator never gets it (the producer died between its sends)
+    bus.step(1)
+    bus.send(linked(transfer("l1", ("sys:world:USD", -1), (Y1, 1)), transfer("l2", (Y1, -100), (Y2, 100))), Y1)
+    bus.run()
+    assert _answers(bus, "l2") == [("rejected", "in_flight")]
+    at = bus.clock + COPIED_CREDIT_WAIT_MS + 1
+    bus.send(linked(transfer("l3", ("sys:world:USD", -1), (Y1, 1)), transfer("l4", (Y1, -100), (Y2, 100))), Y1, at)
+    bus.run()
+    assert _answers(bus, "l4") == [("rejected", "insufficient_funds")]

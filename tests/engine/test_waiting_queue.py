@@ -10,14 +10,15 @@ import pytest
 
 from streams import partition
 from streams.spanning import Spanning
-from streams.waiting import WAITING_ENTRY, WaitingIndex, parse_waiting_key, waiting_key
+from streams.waiting import (COPIED_CREDIT_WAIT_MS, COPIED_WAIT_OVER, WAITING_ENTRY, WaitingIndex, parse_waiting_key,
+                             waiting_key)
 from tests.helpers.bus import Bus, assert_books_balance
 from tests.helpers.interleavings import X1, X2, Y1, Y2, balances, funded_two_partitions, payee_with_a_reserved_credit
 from tests.helpers.records import command, local_users, open_account, place_hold, transfer, tx
 
 
-def _entry(*keys: str) -> dict:
-    return {"keys": list(keys), "command": {}, "at_ms": 0}
+def _entry(*keys: str, kind: str = "ledger.FreezeAccount", **fields) -> dict:
+    return {"keys": list(keys), "command": {"body": [kind, {}]}, "at_ms": 0, **fields}
 
 
 def test_the_index_keeps_arrival_order_and_counts_what_entries_hold():
@@ -35,6 +36,15 @@ def test_the_index_keeps_arrival_order_and_counts_what_entries_hold():
     assert not index.holds_any(["a:y"]) and index.holds_any(["a:w"])
     index.drop(3), index.drop(9)
     assert index.next_seq() == 0 and not index.held
+    # Only debits still counting copied credits are indexed by the end of that wait.
+    index.put(1, _entry("a:x", kind="ledger.PostTransaction"))
+    index.put(2, _entry("a:y", kind="ledger.PlaceHold"))
+    index.put(3, _entry("a:z", kind="ledger.PostTransaction", **{COPIED_WAIT_OVER: True}))
+    index.put(4, _entry("a:w"))
+    assert sorted(index.dues.live) == ["1", "2"] and index.dues.get("1") == COPIED_CREDIT_WAIT_MS
+    index.put(1, _entry("a:x", kind="ledger.PostTransaction", **{COPIED_WAIT_OVER: True}))  # rewritten: over
+    index.drop(2)
+    assert not index.dues.live
     assert parse_waiting_key(waiting_key(42)) == 42 and waiting_key(42).startswith(WAITING_ENTRY)
 
 
