@@ -16,6 +16,7 @@ from connectors import rules
 from connectors.client import Leg, LedgerClient
 from connectors.rules import DepositConfirmed, OrderClosed, OrderPlaced, Party, TradeExecuted
 from projections.api import create_app
+from projections.exactly_once import assert_exactly_once
 from projections.projector import catch_up
 from projections.topics import latest_per_account, read_topic
 from projections.verify import format_report, verify, wait_quiescent
@@ -273,3 +274,58 @@ def test_payments_chasing_transfers_through_the_broker(settings, start_worker):
         assert report.ok, format_report(report)
     finally:
         client.close()
+
+
+def test_wallets_chasing_their_incoming_money_from_two_producers_at_once(settings, start_worker):
+    """Two payment apps at once, each with its own producer, neither waiting between sends: each funds a payer,
+    then, 30 times, sends the payer's transfer to a wallet in another partition and at once a payment out of the
+    wallet to a shop. The wallets are shared by both apps, so a wallet's payments chase credits from two
+    producers, and their copies and Reserves interleave in the wallet's partition as the broker orders them.
+    Every payment posts, the wallets end empty, and every promise and exactly-once check holds."""
+    import threading
+
+    start_worker(extra_env={"LEDGER_TICK_S": "0"})
+    names = [f"user:cw{i}:USD" for i in range(400)]
+    home = {a: routing.partition_of_account(a, settings.partitions) for a in names}
+    payers = [a for a in names if home[a] == 0][:2]
+    wallets = [a for a in names if home[a] not in (0,)][:6]
+    shops = [a for a in names if a not in wallets and home[a] not in (0,)][:6]
+    rounds = 30
+    setup = LedgerClient(settings, "setup")
+    try:
+        opened = [setup.open_account(a, "USD") for a in [*payers, *wallets, *shops]]
+        opened += [setup.post(f"cw-dep-{i}", [Leg("sys:world:USD", -rounds * 10), Leg(p, rounds * 10)],
+                              kind="deposit") for i, p in enumerate(payers)]
+        assert {outcome(r) for r in setup.wait(opened).values()} == {"accepted"}
+    finally:
+        setup.close()
+    sent: dict[str, list[str]] = {}
+
+    def app(n: int) -> None:
+        client = LedgerClient(settings, f"app{n}")
+        ids = sent.setdefault(f"app{n}", [])
+        try:
+            for i in range(rounds):
+                wallet, shop = wallets[(i + n) % len(wallets)], shops[(i * 5 + n) % len(shops)]
+                ids.append(client.post(f"cw{n}-in-{i}", [Leg(payers[n], -10), Leg(wallet, 10)]))
+                ids.append(client.post(f"cw{n}-out-{i}", [Leg(wallet, -10), Leg(shop, 10)]))
+            answers = client.wait(ids, 180)
+            sent[f"app{n}:answers"] = [outcome(answers[i]) for i in ids]
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=app, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    for n in range(2):
+        assert sent.get(f"app{n}:answers") == ["accepted"] * (2 * rounds), sent.get(f"app{n}:answers")
+    assert wait_quiescent(settings)
+    balances = latest_balances(settings)
+    assert [balances[w]["posted"] for w in wallets] == ["0"] * len(wallets)
+    assert sum(int(balances[s]["posted"]) for s in shops) == 2 * rounds * 10
+    report = verify(settings)
+    assert report.ok, format_report(report)
+    for n in range(2):
+        assert_exactly_once(settings, f"app{n}", sent[f"app{n}"])
