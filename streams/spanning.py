@@ -765,10 +765,10 @@ class Spanning:
     def _still_blocked(self, where: Any, entry: dict[str, Any], command: core.Command) -> bool:
         """_blocked for a waiting command, judged again only when a key that judgement read was written since
         (PartitionState.versions) or its entry was rewritten (its wait for copied credits over): a drain follows
-        every two-phase
-        decision, and a queue of debits waiting for credits would otherwise have the core judge each of them at
-        every one. A command decided already (a crash cut between its decision and its leaving the queue) is
-        not held back: it is answered again."""
+        every two-phase decision, and a queue of debits waiting for credits would otherwise have the core judge
+        each of them at every one. A command decided already (a crash cut between its decision and its leaving
+        the queue) is not held back: it is answered again. A command in the one queue record of an earlier
+        version (WAITING), which had no wait for credits, counts no copied credit (it is never marked over)."""
         state = self.state
         stamp = (state.generation, state.currencies_epoch)
         memo = self._judged.get(where)
@@ -780,8 +780,9 @@ class Spanning:
         try:
             # Decided already (a crash cut between its decision and its leaving the queue): its turn has come,
             # it is answered again.
+            over = where == WAITING or entry.get(COPIED_WAIT_OVER)
             blocked = state.change_record(command.client_id, command.command_id) is None and \
-                self._blocked(command, {}, float("inf") if entry.get(COPIED_WAIT_OVER) else None)
+                self._blocked(command, {}, float("inf") if over else None)
         finally:
             read = state.watched()
         if where != WAITING:

@@ -169,3 +169,24 @@ def test_reusing_a_waiting_command_s_judgement_changes_no_decision(seed, forget,
     assert any(r[0].startswith("out-") and r[1] == "accepted" for r in remembered[0])
     monkeypatch.setattr(Spanning, "_still_blocked", lambda self, where, entry, command: self._blocked(command, {}))
     assert _chasing_traffic(seed) == remembered
+
+
+def test_a_debit_in_the_queue_record_of_an_earlier_version_counts_no_copied_credit():
+    """An earlier version's one queue record (`w`) had no wait for credits, and its entries are never marked over
+    (end_copied_waits walks the wq/ records): a debit found there is judged without the credits only copies
+    reserved, not held back by them until the copies are dropped."""
+    bus, payer, payee = payee_with_a_reserved_credit()  # 10 to the payee in flight, reserved by a copy only
+    bus.send(transfer("pay", (payee, -5), (payer, 5)), payee)
+    bus.step(1)  # it waits for the copied credit
+    store = bus.stores[1]
+    queued = [(k, json.loads(v)) for k, v in store.scan(b"e/" + WAITING_ENTRY.encode())]
+    assert len(queued) == 1
+    store.write({b"e/w": json.dumps([e for _, e in queued], separators=(",", ":")).encode()}, {k for k, _ in queued})
+    bus.crash_restore(1)
+    del bus.logs[0][bus.position[0]:]  # t0's coordinator never reads it: its copy's credit stays copied only
+    other = local_users(2, 1)[1]
+    bus.send(open_account(other), other)
+    bus.send_placed(tx("t1", [(payer, -1, None, None), (other, 1, None, None)], "transfer"), payer)
+    bus.run()  # t1 is decided, and its Decide drains partition 1's queue
+    assert _order(bus, ["pay"]) == ["pay"]
+    assert bus.result("pay")["reason"] == "insufficient_funds"
