@@ -108,13 +108,13 @@ def bench_replay(records: int, pg_url: str | None, workers: int | None) -> dict:
         hashes = {figures["hash"], figures.get("pg_hash", figures["hash"]), figures.get("alt_hash", figures["hash"])}
         print(f"hash         : SQLite {figures['hash'][:16]}... PostgreSQL {figures.get('pg_hash', '-')[:16]}... "
               f"compared {figures.get('alt_hash', '-')[:16]}... ({'equal' if len(hashes) == 1 else 'DIFFERENT'})")
-        figures["costs"] = replay_costs(settings)
+        figures["costs"] = replay_costs(settings, pg_url, figures["raw_s"])
         return figures
     finally:
         delete_topics(settings)
 
 
-def replay_costs(settings) -> dict:
+def replay_costs(settings, pg_url: str | None = None, raw_s: float | None = None) -> dict:
     """Where a loader's time goes, per record on one core, measured apart in this process: reading the records
     (what the raw consumer does), decoding them, and inserting the rows into SQLite (one transaction, as a
     loader does). The replay's ratio to the raw consumer cannot beat what these add to the read."""
@@ -166,8 +166,84 @@ def replay_costs(settings) -> dict:
           f"{decode_us['results']:.1f}), SQLite insert {insert:.1f} us (a history row {history_us:.1f}, a result row "
           f"{results_us:.1f}): read + decode + insert = {(read_us + per_record + insert) / read_us:.1f}x the read alone",
           flush=True)
+    floors = store_floors(history, results, pg_url)
+    cores = os.cpu_count() or 1
+    read_s = read_us * n / 1e6
+    for name, floor in floors.items():
+        # The store's own work, the read's and nothing else, spread perfectly over every core: no decoding, no
+        # bookkeeping, no broker. A replay cannot beat this bound, whatever its loader is written in.
+        bound = (raw_s or read_s) / ((read_s + floor) / cores)
+        print(f"store floor  : {name}: {floor:.2f} s of CPU to insert these {len(history) + len(results):,} rows "
+              f"and build the indexes, the store generating nothing but its own work ({floor / n * 1e6:.1f} us a "
+              f"record); with the read ({read_s:.2f} s) on {cores} cores perfectly shared, a replay is at best "
+              f"{bound:.2f} of raw (goal >= 0.50)", flush=True)
     return {"read_us": read_us, "decode_us": decode_us, "history_insert_us": history_us,
-            "result_insert_us": results_us}
+            "result_insert_us": results_us, "store_floor_s": floors}
+
+
+def store_floors(history: list[tuple], results: list[tuple], pg_url: str | None) -> dict[str, float]:
+    """CPU seconds each store spends on its own work for these rows, the least a replay into it can cost: the
+    rows are first staged inside the store (untimed), in a table without keys, then moved into the store's
+    tables in log order by one INSERT ... SELECT each (a keyless source rules out SQLite's transfer
+    optimisation, so every row is inserted into the B-trees as a loader inserts it), then the secondary
+    indexes are built. No Python runs per row while timed. SQLite runs in this process (its CPU is this
+    process's); PostgreSQL's is its backend's, read from /proc, with parallel index builds off so that it
+    is all there."""
+    from projections.bulk import INSERT_HISTORY_ROWS, INSERT_RESULT_ROWS, SqliteSink
+    from projections.store import HISTORY_COLUMNS, RESULT_COLUMNS, SCHEMA_INDEXES
+
+    moves = [("history", HISTORY_COLUMNS, history), ("results", RESULT_COLUMNS, results)]
+    floors = {}
+    with tempfile.TemporaryDirectory(prefix="ledger-floor-") as tmp:
+        sink = SqliteSink(str(Path(tmp) / "floor.db"))  # the loader's pragmas and tables, in a transaction
+        conn = sink.conn
+        for table, columns, rows in moves:
+            conn.execute(f"CREATE TEMP TABLE staged_{table} ({', '.join(columns)})")
+            conn.executemany({"history": INSERT_HISTORY_ROWS, "results": INSERT_RESULT_ROWS}[table]
+                             .replace(f"INTO {table}", f"INTO staged_{table}"), rows)
+        t0 = time.process_time()
+        for table, columns, _ in moves:
+            conn.execute(f"INSERT INTO {table} SELECT {', '.join(columns)} FROM staged_{table} ORDER BY rowid")
+        conn.execute("COMMIT")
+        conn.executescript(SCHEMA_INDEXES)
+        floors["SQLite"] = time.process_time() - t0
+        sink.close()
+    if pg_url:
+        from projections import db
+        from projections.bulk import PgSink
+        from projections.store import SCHEMA_TABLES
+
+        target = db.with_schema(pg_url, f"floor_bench_{uuid.uuid4().hex[:8]}")
+        sink = PgSink(target)
+        conn = sink.conn
+        try:
+            db.create_tables(conn, SCHEMA_TABLES)
+            for table, columns, rows in moves:
+                conn.execute(f"CREATE UNLOGGED TABLE staged_{table} AS SELECT * FROM {table} WITH NO DATA")
+                conn.copy_rows(f"staged_{table}", columns, rows,
+                               {"history": PgSink.HISTORY_TYPES, "results": PgSink.RESULT_TYPES}[table])
+            conn.execute("SET max_parallel_maintenance_workers = 0")
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            cpu = _proc_cpu(backend)
+            if cpu is not None:
+                with db.transaction(conn):
+                    for table, columns, _ in moves:
+                        conn.execute(f"INSERT INTO {table} SELECT * FROM staged_{table}")
+                db.create_tables(conn, SCHEMA_INDEXES)
+                floors["PostgreSQL"] = _proc_cpu(backend) - cpu
+        finally:
+            sink.close()
+            db.drop_schema(target)
+    return floors
+
+
+def _proc_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) of a process of this machine, or None where /proc does not say."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def build_store(path: Path, entries: int, accounts: int = 10_000) -> None:

@@ -267,9 +267,15 @@ def load(src: str, directory: Path = NATIVE_DIR) -> Callable[[bytes, int], tuple
     """The compiled decode_at of this source when a module built from it is in `directory`, else None."""
     if os.environ.get("LEDGER_CODEC") == "python":
         return None
+    module = load_module(src, directory)
+    return None if module is None else module.decode_at
+
+
+def load_module(src: str, directory: Path = NATIVE_DIR) -> Any:
+    """The module built from this Cython source when it is in `directory` (build() puts it there), else None."""
     name = module_name(src)
     if name in sys.modules:
-        return sys.modules[name].decode_at
+        return sys.modules[name]
     path = _built(name, directory)
     if path is None:
         return None
@@ -279,11 +285,11 @@ def load(src: str, directory: Path = NATIVE_DIR) -> Callable[[bytes, int], tuple
     try:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    except ImportError as exc:  # a damaged file: the Python decoder serves
-        log.warning("compiled decoder %s not loaded (%s); using the Python decoder", path.name, exc)
+    except ImportError as exc:  # a damaged file: the Python code serves
+        log.warning("compiled module %s not loaded (%s); using the Python code", path.name, exc)
         return None
     sys.modules[name] = module
-    return module.decode_at
+    return module
 
 
 def _built(name: str, directory: Path) -> Path | None:
@@ -326,11 +332,17 @@ def build(sources: list[str], directory: Path = NATIVE_DIR) -> list[Path]:
     return [b for b in built if b is not None]
 
 
+# Cython written by hand, built with the decoders and loaded by its owner with load_module (read here as text,
+# so that this module imports nothing of theirs): the replay loader's common case (projections/fastload.py).
+HAND_WRITTEN = (Path(__file__).resolve().parent.parent / "projections" / "fastload.pyx",)
+
+
 def ledger_sources() -> list[str]:
-    """The Cython sources of every schema the ledger's codec compiles (current versions)."""
+    """The Cython sources of every schema the ledger's codec compiles (current versions), and the hand-written
+    modules."""
     from schemas.codec import Codec
 
-    return [c.native_source for c in Codec(native=False)._compiled.values()]
+    return [c.native_source for c in Codec(native=False)._compiled.values()] + [p.read_text() for p in HAND_WRITTEN]
 
 
 def main(argv: list[str]) -> int:
@@ -343,7 +355,7 @@ def main(argv: list[str]) -> int:
         print(f"schemas.cdecode: compiled decoders not built ({type(exc).__name__}: {exc}); "
               f"the generated Python decoders will be used", file=sys.stderr)
         return 0
-    print(f"schemas.cdecode: {len(built)} compiled decoders in {NATIVE_DIR}")
+    print(f"schemas.cdecode: {len(built)} compiled modules (decoders, the replay loader's) in {NATIVE_DIR}")
     return 0
 
 

@@ -1,0 +1,445 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""The replay loader's common case in C (projections/fastload.py builds, checks and loads this module).
+
+`Batch.run` does for a record what projections.bulk.load's loop does, byte for byte in its effects, when the
+record is of the common kind: a history entry of the current schema in seq order with no links or metadata,
+a result with no holds whose key is new in the share, or a balance record; every string ASCII, every number
+in 64 bits. Rows go straight from the record's bytes to SQLite's prepared statements (no Python string,
+dict or tuple per row). Anything else (a record it cannot decode, an older schema, an out-of-order seq, links,
+a retried result, non-ASCII text) it leaves untouched and hands back to the Python loop, which is the source
+of truth; the loop takes that one record and calls back. So nothing it does not fully apply has been applied.
+"""
+from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memcmp, memcpy
+from libc.stdio cimport snprintf
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeASCII
+from cpython.object cimport PyObject_Hash
+
+cdef extern from *:
+    """
+    #include <dlfcn.h>
+    typedef struct sqlite3 sqlite3;
+    typedef struct sqlite3_stmt sqlite3_stmt;
+    /* The few functions of SQLite used here, taken from the library the interpreter's sqlite3 module has
+       loaded already (dlopen with RTLD_NOLOAD): the same instance that owns the connection's handle, with no
+       header or link-time dependency of this module's own. */
+    static struct {
+        int (*prepare)(sqlite3*, const char*, int, sqlite3_stmt**, const char**);
+        int (*bind_text)(sqlite3_stmt*, int, const char*, int, void (*)(void*));
+        int (*bind_int64)(sqlite3_stmt*, int, long long);
+        int (*bind_null)(sqlite3_stmt*, int);
+        int (*step)(sqlite3_stmt*);
+        int (*reset)(sqlite3_stmt*);
+        int (*finalize)(sqlite3_stmt*);
+        const char* (*errmsg)(sqlite3*);
+        const char* (*db_filename)(sqlite3*, const char*);
+    } SQ;
+    static int sq_bind(const char* path) {
+        void* h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+        if (!h) return -1;
+        SQ.prepare = (int (*)(sqlite3*, const char*, int, sqlite3_stmt**, const char**))dlsym(h, "sqlite3_prepare_v2");
+        SQ.bind_text = (int (*)(sqlite3_stmt*, int, const char*, int, void (*)(void*)))dlsym(h, "sqlite3_bind_text");
+        SQ.bind_int64 = (int (*)(sqlite3_stmt*, int, long long))dlsym(h, "sqlite3_bind_int64");
+        SQ.bind_null = (int (*)(sqlite3_stmt*, int))dlsym(h, "sqlite3_bind_null");
+        SQ.step = (int (*)(sqlite3_stmt*))dlsym(h, "sqlite3_step");
+        SQ.reset = (int (*)(sqlite3_stmt*))dlsym(h, "sqlite3_reset");
+        SQ.finalize = (int (*)(sqlite3_stmt*))dlsym(h, "sqlite3_finalize");
+        SQ.errmsg = (const char* (*)(sqlite3*))dlsym(h, "sqlite3_errmsg");
+        SQ.db_filename = (const char* (*)(sqlite3*, const char*))dlsym(h, "sqlite3_db_filename");
+        dlclose(h);  /* RTLD_NOLOAD took a reference; the sqlite3 module keeps its own */
+        return (SQ.prepare && SQ.bind_text && SQ.bind_int64 && SQ.bind_null && SQ.step && SQ.reset
+                && SQ.finalize && SQ.errmsg && SQ.db_filename) ? 0 : -1;
+    }
+    /* CPython's sqlite3.Connection begins with its sqlite3 handle (Modules/_sqlite/connection.h, 3.11-3.13);
+       fastload.py checks the handle's file name against the one the connection opened before using it. */
+    typedef struct { PyObject_HEAD sqlite3* db; } sq_connection;
+    static sqlite3* sq_handle(PyObject* c) { return ((sq_connection*)c)->db; }
+    /* SQLITE_STATIC: the text stays where it is (the record's bytes) until the statement has run */
+    static int sq_text(sqlite3_stmt* s, int i, const char* p, int n) { return SQ.bind_text(s, i, p, n, (void (*)(void*))0); }
+    static int sq_add(long long a, long long b, long long* r) { return __builtin_add_overflow(a, b, r); }
+    #define SQ_OK 0
+    #define SQ_DONE 101
+    """
+    ctypedef struct sqlite3
+    ctypedef struct sqlite3_stmt
+    ctypedef struct _sq:
+        int (*prepare)(sqlite3*, const char*, int, sqlite3_stmt**, const char**)
+        int (*bind_text)(sqlite3_stmt*, int, const char*, int, void (*)(void*))
+        int (*bind_int64)(sqlite3_stmt*, int, long long)
+        int (*bind_null)(sqlite3_stmt*, int)
+        int (*step)(sqlite3_stmt*)
+        int (*reset)(sqlite3_stmt*)
+        int (*finalize)(sqlite3_stmt*)
+        const char* (*errmsg)(sqlite3*)
+        const char* (*db_filename)(sqlite3*, const char*)
+    _sq SQ
+    int sq_bind(const char* path)
+    sqlite3* sq_handle(object c)
+    int sq_text(sqlite3_stmt* s, int i, const char* p, int n)
+    int sq_add(long long a, long long b, long long* r)
+    int SQ_OK
+    int SQ_DONE
+
+
+def bind_library(path: bytes) -> bool:
+    """Take SQLite's functions from the library at path, which must be loaded in this process already."""
+    return sq_bind(path) == 0
+
+
+def handle_file(conn) -> str:
+    """The file of the connection's main database, as SQLite reports it (for fastload.py's check)."""
+    cdef const char* name = SQ.db_filename(sq_handle(conn), b"main")
+    return (<bytes>name).decode() if name != NULL else ""
+
+
+# --- reading the record's bytes: any irregularity makes the record the Python loop's --------------------------
+cdef struct Cursor:
+    const unsigned char* b
+    Py_ssize_t n
+    Py_ssize_t p
+    bint bad
+
+
+cdef struct Text:
+    const char* s
+    int n  # -1: null
+
+
+cdef inline int64_t _long(Cursor* c) noexcept:
+    cdef uint64_t v = 0
+    cdef int shift = 0
+    cdef unsigned char x
+    while True:
+        if c.p >= c.n or shift > 56:  # at most 9 bytes here: 63 bits of zigzag, all the ledger's longs need
+            c.bad = True
+            return 0
+        x = c.b[c.p]
+        c.p += 1
+        v |= (<uint64_t>(x & 0x7F)) << shift
+        if not x & 0x80:
+            break
+        shift += 7
+    return <int64_t>((v >> 1) ^ (<uint64_t>0 - (v & 1)))
+
+
+cdef inline Text _text(Cursor* c) noexcept:
+    cdef Text t
+    cdef int64_t n = _long(c)
+    cdef Py_ssize_t i
+    cdef unsigned char high = 0
+    t.s = NULL
+    t.n = 0
+    if c.bad or n < 0 or n > c.n - c.p or n > 0x7FFFFFFF:
+        c.bad = True
+        return t
+    for i in range(c.p, c.p + n):
+        high |= c.b[i]
+    if high & 0x80:  # not ASCII: the Python decoder judges its UTF-8
+        c.bad = True
+        return t
+    t.s = <const char*>(c.b + c.p)
+    t.n = <int>n
+    c.p += n
+    return t
+
+
+cdef inline Text _optional_text(Cursor* c) noexcept:
+    cdef Text t
+    cdef int64_t branch = _long(c)
+    if branch == 0 and not c.bad:
+        t.s = NULL
+        t.n = -1
+        return t
+    if branch != 1:
+        c.bad = True
+        t.s = NULL
+        t.n = 0
+        return t
+    return _text(c)
+
+
+cdef inline void _empty_block(Cursor* c) noexcept:
+    # An array or a map: only the empty one (a single 0 count) is the common case
+    if c.p >= c.n or c.b[c.p] != 0:
+        c.bad = True
+        return
+    c.p += 1
+
+
+cdef inline bint _integer(Text t, int64_t* out) noexcept:
+    """t as int() reads it, for the plain form only: an optional '-' and 1 to 18 digits."""
+    cdef int i = 0
+    cdef int64_t v = 0
+    cdef bint negative = False
+    if t.n <= 0:
+        return False
+    if t.s[0] == 45:  # '-'
+        negative = True
+        i = 1
+    if t.n - i < 1 or t.n - i > 18:
+        return False
+    while i < t.n:
+        if t.s[i] < 48 or t.s[i] > 57:  # '0' to '9'
+            return False
+        v = v * 10 + (t.s[i] - 48)
+        i += 1
+    out[0] = -v if negative else v
+    return True
+
+
+cdef inline object _str(Text t):
+    return PyUnicode_DecodeASCII(t.s, t.n, NULL)
+
+
+cdef class Batch:
+    """A loader's state, shared with bulk.load's Python loop (the same dicts, lists and sets), and the
+    prepared statements of the loader's SQLite connection."""
+
+    cdef sqlite3* db
+    cdef sqlite3_stmt* history
+    cdef sqlite3_stmt* results
+    cdef dict fast, remaining, offsets, seen, balances
+    cdef set refold, result_keys
+    cdef object balance_body
+    cdef dict keys
+    cdef char[10] history_header
+    cdef char[10] result_header
+    cdef char[10] balance_header
+    cdef public Py_ssize_t applied
+
+    def __init__(self, conn, str insert_history, str insert_results, dict fast, dict remaining, dict offsets,
+                 dict seen, set refold, set result_keys, dict balances, bytes history_header,
+                 bytes result_header, bytes balance_header, balance_body):
+        """fast: {physical topic: logical topic}; the rest as bulk.load keeps them."""
+        cdef const char* tail
+        self.db = sq_handle(conn)
+        self.fast, self.remaining, self.offsets, self.seen, self.balances = fast, remaining, offsets, seen, balances
+        self.refold, self.result_keys, self.balance_body = refold, result_keys, balance_body
+        self.keys = {}
+        self.applied = 0
+        for header in (history_header, result_header, balance_header):
+            if len(header) != 10:
+                raise ValueError("a schema header is 10 bytes")
+        memcpy(self.history_header, <const char*>history_header, 10)
+        memcpy(self.result_header, <const char*>result_header, 10)
+        memcpy(self.balance_header, <const char*>balance_header, 10)
+        encoded = insert_history.encode()
+        if SQ.prepare(self.db, encoded, -1, &self.history, &tail) != SQ_OK:
+            raise RuntimeError(f"SQLite: {SQ.errmsg(self.db).decode()}")
+        encoded = insert_results.encode()
+        if SQ.prepare(self.db, encoded, -1, &self.results, &tail) != SQ_OK:
+            raise RuntimeError(f"SQLite: {SQ.errmsg(self.db).decode()}")
+
+    def close(self):
+        if self.history != NULL:
+            SQ.finalize(self.history)
+            self.history = NULL
+        if self.results != NULL:
+            SQ.finalize(self.results)
+            self.results = NULL
+
+    def __dealloc__(self):
+        self.close()
+
+    cdef int _step(self, sqlite3_stmt* stmt) except -1:
+        rc = SQ.step(stmt)
+        SQ.reset(stmt)
+        if rc != SQ_DONE:
+            raise RuntimeError(f"SQLite: {SQ.errmsg(self.db).decode()}")
+        return 0
+
+    cdef inline void _bind(self, sqlite3_stmt* stmt, int i, Text t) noexcept:
+        if t.n < 0:
+            SQ.bind_null(stmt, i)
+        else:
+            sq_text(stmt, i, t.s, t.n)
+
+    def run(self, list messages, Py_ssize_t start):
+        """Apply messages[start:] in order; the index of the first one left to the Python loop (len when
+        none)."""
+        cdef Py_ssize_t i, n = len(messages)
+        cdef Cursor c
+        cdef int64_t offset, until
+        cdef object msg, topic, key, data, found
+        for i in range(start, n):
+            msg = messages[i]
+            if msg.error():
+                continue
+            topic = self.fast.get(msg.topic())
+            if topic is None:
+                return i
+            partition = msg.partition()
+            key = self.keys.get((topic, partition))
+            if key is None:
+                key = self.keys[(topic, partition)] = (topic, partition)
+            offset = msg.offset()
+            found = self.remaining.get(key)
+            if found is None or offset >= <int64_t>found:
+                continue  # past its end offset (bulk.load skips it too)
+            data = msg.value()
+            if type(data) is not bytes:
+                return i
+            c.b = <const unsigned char*>PyBytes_AS_STRING(data)
+            c.n = PyBytes_GET_SIZE(data)
+            c.p = 10
+            c.bad = False
+            if c.n < 10:
+                return i
+            if topic == "history":
+                if memcmp(c.b, self.history_header, 10) != 0 or not self._history(&c, key, offset):
+                    return i
+            elif topic == "results":
+                if memcmp(c.b, self.result_header, 10) != 0 or not self._result(&c, key, offset):
+                    return i
+            elif topic == "balances":
+                if memcmp(c.b, self.balance_header, 10) != 0 or not self._balance(data, key, offset):
+                    return i
+            else:
+                return i
+        return n
+
+    cdef inline void _taken(self, object key, int64_t offset):
+        self.offsets[key] = offset + 1
+        self.applied += 1
+
+    cdef bint _history(self, Cursor* c, object key, int64_t offset) except -1:
+        cdef Text entry_id, account, currency, amount, posted_after, held_after, transaction_id, kind, reference
+        cdef Text hold_id, command_id, client_id, rate, by_time
+        cdef int64_t seq, occurred, at, value, last_seq, total, tail_seq, tail_occurred, tail_at
+        cdef char digits[24]
+        cdef sqlite3_stmt* stmt
+        cdef list state, ranges, last
+        cdef tuple tail
+        entry_id = _text(c)
+        account = _text(c)
+        currency = _text(c)
+        seq = _long(c)
+        amount = _text(c)
+        posted_after = _text(c)
+        held_after = _text(c)
+        transaction_id = _optional_text(c)
+        kind = _text(c)
+        reference = _optional_text(c)
+        hold_id = _optional_text(c)
+        occurred = _long(c)
+        at = _long(c)
+        command_id = _text(c)
+        client_id = _text(c)
+        _empty_block(c)  # links
+        _empty_block(c)  # metadata
+        rate = _optional_text(c)
+        if c.bad or c.p != c.n or not _integer(amount, &value):
+            return False
+        name = _str(account)
+        state = self.seen.get(name)
+        if state is None:
+            total = value
+            self._taken(key, offset)
+            self.seen[name] = [[[seq, seq]], (seq, (occurred, seq), value, (at, seq))]
+        else:
+            ranges = state[0]
+            last = ranges[len(ranges) - 1]
+            last_seq = last[1]
+            if seq <= last_seq or name in self.refold:
+                return False  # a gap filled late, a re-emission, or an account refolded at the end
+            tail = state[1]
+            tail_seq = tail[0]
+            tail_occurred = tail[1][0]
+            tail_at = tail[3][0]
+            found = tail[2]
+            if (seq <= tail_seq or occurred < tail_occurred or (occurred == tail_occurred and seq < tail[1][1])
+                    or at < tail_at or (at == tail_at and seq < tail[3][1])):
+                return False  # back-dated: its folds are recomputed, the Python loop says so
+            if not -0x7FFFFFFFFFFFFFFF <= found <= 0x7FFFFFFFFFFFFFFF:
+                return False
+            total = <int64_t>found
+            if sq_add(total, value, <long long*>&total):
+                return False
+            self._taken(key, offset)
+            if seq == last_seq + 1:
+                last[1] = seq
+            else:
+                ranges.append([seq, seq])
+            state[1] = (seq, (occurred, seq), total, (at, seq))
+        by_time.n = snprintf(digits, sizeof(digits), "%lld", <long long>total)
+        by_time.s = digits
+        stmt = self.history
+        self._bind(stmt, 1, account)
+        SQ.bind_int64(stmt, 2, seq)
+        self._bind(stmt, 3, entry_id)
+        self._bind(stmt, 4, currency)
+        self._bind(stmt, 5, amount)
+        self._bind(stmt, 6, posted_after)
+        self._bind(stmt, 7, held_after)
+        self._bind(stmt, 8, transaction_id)
+        self._bind(stmt, 9, kind)
+        self._bind(stmt, 10, reference)
+        self._bind(stmt, 11, hold_id)
+        SQ.bind_int64(stmt, 12, occurred)
+        SQ.bind_int64(stmt, 13, at)
+        self._bind(stmt, 14, command_id)
+        self._bind(stmt, 15, client_id)
+        self._bind(stmt, 16, by_time)
+        self._bind(stmt, 17, held_after)
+        sq_text(stmt, 18, "[]", 2)
+        sq_text(stmt, 19, "{}", 2)
+        self._bind(stmt, 20, rate)
+        self._step(stmt)
+        return True
+
+    cdef bint _result(self, Cursor* c, object key, int64_t offset) except -1:
+        cdef Text command_id, client_id, reason, detail, transaction_id
+        cdef int64_t outcome, at
+        cdef bint duplicate
+        cdef sqlite3_stmt* stmt
+        command_id = _text(c)
+        client_id = _text(c)
+        outcome = _long(c)
+        reason = _optional_text(c)
+        detail = _text(c)
+        if c.p >= c.n:
+            return False
+        duplicate = c.b[c.p] != 0
+        c.p += 1
+        transaction_id = _optional_text(c)
+        at = _long(c)
+        _empty_block(c)  # holds
+        if c.bad or c.p != c.n or outcome < 0 or outcome > 1:
+            return False
+        if duplicate:
+            self._taken(key, offset)  # answers an original decision that is earlier in the log
+            return True
+        h = PyObject_Hash((_str(client_id), _str(command_id)))
+        if h in self.result_keys:
+            return False  # a retried result: kept aside and applied at the end, by the Python loop
+        self._taken(key, offset)
+        self.result_keys.add(h)
+        stmt = self.results
+        self._bind(stmt, 1, client_id)
+        self._bind(stmt, 2, command_id)
+        if outcome == 0:
+            sq_text(stmt, 3, "accepted", 8)
+        else:
+            sq_text(stmt, 3, "rejected", 8)
+        self._bind(stmt, 4, reason)
+        self._bind(stmt, 5, detail)
+        self._bind(stmt, 6, transaction_id)
+        SQ.bind_int64(stmt, 7, at)
+        sq_text(stmt, 8, "[]", 2)
+        self._step(stmt)
+        return True
+
+    cdef bint _balance(self, object data, object key, int64_t offset) except -1:
+        try:
+            v, end = self.balance_body(data, 10)
+        except Exception:
+            return False
+        if end != PyBytes_GET_SIZE(data):
+            return False
+        self._taken(key, offset)
+        account = v["account_id"]
+        old = self.balances.get(account)
+        if old is None or v["seq"] > old["seq"]:
+            self.balances[account] = v
+        return True
