@@ -58,6 +58,18 @@ if [ -n "${AB_SAME_SCRIPT:-}" ] || [ ! -f "$WORK/rev/benchmarks/$BENCH.py" ]; th
   for tree in "$WORK/rev" "$WORK/head"; do git -C "$ROOT" show "HEAD:benchmarks/$BENCH.py" > "$tree/benchmarks/$BENCH.py"; done
 fi
 
+# Each tree's compiled modules (schemas/cdecode.py: the decoders, the replay loader's common case) are built
+# into the tree, as `make install` builds them in a checkout: without them a tree runs its Python fallbacks,
+# which is not what a machine with a compiler runs. AB_NATIVE=0 skips the build (both run in Python).
+if [ "${AB_NATIVE:-1}" = 1 ]; then
+  for tree in "$WORK/rev" "$WORK/head"; do
+    if [ -f "$tree/schemas/cdecode.py" ]; then
+      (cd "$tree" && PYTHONPATH="$tree" "$PY" -m schemas.cdecode build >"$WORK/build.log" 2>&1) \
+        || { echo "the compiled modules of $tree were not built (see below); it runs in Python" >&2; tail -5 "$WORK/build.log" >&2; }
+    fi
+  done
+fi
+
 run() {  # tree label -> the figure on stdout; the run's output in $WORK/label.log
   local tree=$1 label=$2
   echo "== $label: $BENCH ${ARGS[*]} (load average $(cut -d' ' -f1 /proc/loadavg))" >&2

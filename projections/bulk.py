@@ -43,13 +43,12 @@ import sqlite3
 import tempfile
 import time
 import uuid
-import zlib
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -221,10 +220,10 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         late_results: list[tuple[bool, tuple]] = []
         balances, holds, offsets = out.balances, out.holds, out.offsets
         decode = c.decode
-        # The common records in C, straight to SQLite (fastload.py says when it serves); the loop below
-        # takes each record it hands back, and every record when it does not serve.
-        fast_path = fastload.batch(sink.conn, c, names, remaining, offsets, seen, refold, result_keys,
-                                   balances) if isinstance(sink, SqliteSink) else None
+        # The common records in C, straight to SQLite or to the rows copied (fastload.py says when it
+        # serves); the loop below takes each record it hands back, and every record when it does not serve.
+        fast_path = fastload.batch(sink.conn if isinstance(sink, SqliteSink) else None, c, names, remaining,
+                                   offsets, seen, refold, result_keys, balances)
         done = 0
         waited = 0.0  # in consume(): fetching, or this process waiting for a core
         while remaining:
@@ -242,7 +241,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             i, count = 0, len(messages)
             while i < count:
                 if fast_path is not None:
-                    i = fast_path.run(messages, i)
+                    i = fast_path.run(messages, i, history_rows, result_rows)
                     if i == count:
                         break
                 msg = messages[i]
@@ -478,6 +477,22 @@ def loaders(idle: float | None) -> int:
     return cores if idle is None else max(1, min(cores, int(idle + 0.5)))
 
 
+def start_method() -> str:
+    """How loader processes start: forked when this process runs one thread, else spawned. A forked child
+    starts in milliseconds with everything imported; a spawned one pays its interpreter and imports (0.3-0.5 s
+    of CPU, while the first loader works). But a fork copies only the thread that forks: another thread's
+    locks (librdkafka's, of a client still open in this process; a progress bar's) would stay held in the
+    child for good, so with any other thread running (counted by the kernel: librdkafka's threads are not
+    Python's) the child is spawned. `ledger replay` and the benchmark fork: their Kafka clients are closed
+    (their threads joined) before the rebuild, and the progress bar refreshes from the loaders' progress
+    instead of a thread of its own."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return "spawn"
+    return "fork" if threads == 1 and "fork" in mp.get_all_start_methods() else "spawn"
+
+
 def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *, workers: int | None = None,
             progress: Callable[[int], None] | None = None, idle: float | None = None) -> Loaded:
     """Load the fresh store `target` from the partitions {(topic, partition): (start, until)}; returns the
@@ -502,7 +517,8 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
     tmp = tempfile.mkdtemp(prefix="ledger-rebuild-")
     main_path = None
     sink = conn = None
-    ctx = mp.get_context("spawn")  # librdkafka's threads do not survive a fork
+    method = start_method()
+    ctx = mp.get_context(method)
     counters = ctx.Array("q", len(split))
     queue = ctx.Queue()
     children = []
@@ -536,7 +552,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
             if progress is not None:
                 progress(sum(counters[:]))
 
-        mark("store created, loaders started")
+        mark(f"store created, loaders started ({method})" if children else "store created")
         loaded = [load(settings, split[0], sink, report, indexes_of(indexed[0]), origin=origin)]
         pending = len(children)
         while pending:

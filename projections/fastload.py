@@ -2,15 +2,17 @@
 
 `bulk.load` spends most of a history record's time in its own Python: the loop, a dict per decoded record, a
 tuple per row, and `executemany` binding twenty Python values (docs/read-side.md). `fastload.pyx` takes the
-common records from their bytes straight to SQLite's prepared statements and hands anything else back to
+common records from their bytes straight to SQLite's prepared statements (for PostgreSQL, to the rows the
+loader copies, without the decoded dicts) and hands anything else back to
 `bulk.load`'s Python loop, which stays the source of truth (a differential test compares the two on hostile
 and irregular records as well as ordinary ones).
 
 It is used only when all of these hold, else the Python loop does everything:
 - the module is built (`make install` runs `python -m schemas.cdecode build`, which compiles it with the
   decoders; a module built from another version of the source is not used);
-- the interpreter's sqlite3 module uses SQLite as a shared library, whose functions the module takes (no
-  header or link-time dependency of its own), and the connection's handle is the one that opened the file;
+- for SQLite: the interpreter's sqlite3 module uses SQLite as a shared library, whose functions the module
+  takes (no header or link-time dependency of its own), and the connection's handle is the one that opened
+  the file;
 - the current history and result schemas are the ones the module reads (their fingerprints, below);
 - `LEDGER_LOADER` is not `python`.
 """
@@ -70,23 +72,24 @@ def unavailable(codec: Any) -> str | None:
         return "LEDGER_LOADER=python"
     if cdecode.load_module(SOURCE) is None:
         return "the module is not built (python -m schemas.cdecode build)"
-    if not _sqlite_library():
-        return "the sqlite3 module's SQLite is not a shared library of this process"
     changed = [n for n, h in SCHEMA_HEADERS.items() if codec.header(n).hex() != h]
     if changed:
         return f"the current {' and '.join(changed)} schema is not the one fastload.pyx reads"
-    if set(HISTORY_BIND) != set(HISTORY_COLUMNS) or set(RESULT_BIND) != set(RESULT_COLUMNS):
-        return "the store's columns are not the ones fastload.pyx binds"
+    if HISTORY_BIND != HISTORY_COLUMNS or RESULT_BIND != RESULT_COLUMNS:
+        return "the store's columns are not the ones fastload.pyx makes rows of"
     return None
 
 
-def batch(conn: sqlite3.Connection, codec: Any, topics: dict[str, str], remaining: dict, offsets: dict,
+def batch(conn: sqlite3.Connection | None, codec: Any, topics: dict[str, str], remaining: dict, offsets: dict,
           seen: dict, refold: set, result_keys: set, balances: dict) -> Any:
-    """The fast path over bulk.load's state for this connection (topics: physical name -> logical), or None
-    (then the Python loop does everything)."""
+    """The fast path over bulk.load's state (topics: physical name -> logical), or None (then the Python loop
+    does everything). conn: the SQLite connection its rows go to; None: it hands rows (tuples) back to the
+    loop's lists, as the loop makes them (a PostgreSQL loader copies them)."""
     why = unavailable(codec)
     module = cdecode.load_module(SOURCE)
-    if why is None:
+    if why is None and conn is not None and not _sqlite_library():
+        why = "the sqlite3 module's SQLite is not a shared library of this process"
+    if why is None and conn is not None:
         file = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"), None)
         if not file or module.handle_file(conn) != file:
             why = "the connection's handle is not the one that opened its file"

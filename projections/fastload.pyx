@@ -192,6 +192,10 @@ cdef inline object _str(Text t):
     return PyUnicode_DecodeASCII(t.s, t.n, NULL)
 
 
+cdef inline object _maybe(Text t):
+    return None if t.n < 0 else PyUnicode_DecodeASCII(t.s, t.n, NULL)
+
+
 cdef class Batch:
     """A loader's state, shared with bulk.load's Python loop (the same dicts, lists and sets), and the
     prepared statements of the loader's SQLite connection."""
@@ -207,13 +211,16 @@ cdef class Batch:
     cdef char[10] result_header
     cdef char[10] balance_header
     cdef public Py_ssize_t applied
+    cdef list history_rows, result_rows
 
     def __init__(self, conn, str insert_history, str insert_results, dict fast, dict remaining, dict offsets,
                  dict seen, set refold, set result_keys, dict balances, bytes history_header,
                  bytes result_header, bytes balance_header, balance_body):
-        """fast: {physical topic: logical topic}; the rest as bulk.load keeps them."""
+        """fast: {physical topic: logical topic}; the rest as bulk.load keeps them. conn: the SQLite
+        connection the rows go to, or None: then they are appended to the lists `run` is given, as the
+        Python loop's rows are (a PostgreSQL loader copies them)."""
         cdef const char* tail
-        self.db = sq_handle(conn)
+        self.db = NULL if conn is None else sq_handle(conn)
         self.fast, self.remaining, self.offsets, self.seen, self.balances = fast, remaining, offsets, seen, balances
         self.refold, self.result_keys, self.balance_body = refold, result_keys, balance_body
         self.keys = {}
@@ -224,6 +231,8 @@ cdef class Batch:
         memcpy(self.history_header, <const char*>history_header, 10)
         memcpy(self.result_header, <const char*>result_header, 10)
         memcpy(self.balance_header, <const char*>balance_header, 10)
+        if self.db == NULL:
+            return
         encoded = insert_history.encode()
         if SQ.prepare(self.db, encoded, -1, &self.history, &tail) != SQ_OK:
             raise RuntimeError(f"SQLite: {SQ.errmsg(self.db).decode()}")
@@ -255,10 +264,11 @@ cdef class Batch:
         else:
             sq_text(stmt, i, t.s, t.n)
 
-    def run(self, list messages, Py_ssize_t start):
+    def run(self, list messages, Py_ssize_t start, list history_rows, list result_rows):
         """Apply messages[start:] in order; the index of the first one left to the Python loop (len when
-        none)."""
+        none). Without a connection, rows are appended to history_rows and result_rows."""
         cdef Py_ssize_t i, n = len(messages)
+        self.history_rows, self.result_rows = history_rows, result_rows
         cdef Cursor c
         cdef int64_t offset, until
         cdef object msg, topic, key, data, found
@@ -364,6 +374,12 @@ cdef class Batch:
             state[1] = (seq, (occurred, seq), total, (at, seq))
         by_time.n = snprintf(digits, sizeof(digits), "%lld", <long long>total)
         by_time.s = digits
+        if self.db == NULL:  # the row bulk.history_row makes
+            self.history_rows.append((name, seq, _str(entry_id), _str(currency), _str(amount), _str(posted_after),
+                                      _str(held_after), _maybe(transaction_id), _str(kind), _maybe(reference),
+                                      _maybe(hold_id), occurred, at, _str(command_id), _str(client_id),
+                                      _str(by_time), _str(held_after), "[]", "{}", _maybe(rate)))
+            return True
         stmt = self.history
         self._bind(stmt, 1, account)
         SQ.bind_int64(stmt, 2, seq)
@@ -410,11 +426,16 @@ cdef class Batch:
         if duplicate:
             self._taken(key, offset)  # answers an original decision that is earlier in the log
             return True
-        h = PyObject_Hash((_str(client_id), _str(command_id)))
+        client, command = _str(client_id), _str(command_id)
+        h = PyObject_Hash((client, command))
         if h in self.result_keys:
             return False  # a retried result: kept aside and applied at the end, by the Python loop
         self._taken(key, offset)
         self.result_keys.add(h)
+        if self.db == NULL:  # the row bulk.result_row makes
+            self.result_rows.append((client, command, "accepted" if outcome == 0 else "rejected", _maybe(reason),
+                                     _str(detail), _maybe(transaction_id), at, "[]"))
+            return True
         stmt = self.results
         self._bind(stmt, 1, client_id)
         self._bind(stmt, 2, command_id)

@@ -161,7 +161,7 @@ def _bulk(settings: Settings, target: str, keys: dict[TopicPartitionKey, tuple[i
     with _bar(progress) as bar:
         task = bar.add_task("replay", total=total or 1)
         loaded = bulk.rebuild(settings, target, keys, workers=workers, idle=idle,
-                              progress=lambda n: bar.update(task, completed=n))
+                              progress=lambda n: bar.update(task, completed=n, refresh=True))
     seconds = time.perf_counter() - t0
     store = Store(target, readonly=True)
     try:
@@ -174,8 +174,10 @@ def _bulk(settings: Settings, target: str, keys: dict[TopicPartitionKey, tuple[i
 def _bar(enabled: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    # Refreshed by the updates, not by a thread of its own: with no other thread running, the loaders fork
+    # (bulk.start_method).
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), disable=not enabled)
+                    TimeRemainingColumn(), disable=not enabled, auto_refresh=False)
 
 
 def snapshot(live: str | Path) -> tuple[dict[TopicPartitionKey, int], dict[DigestKey, str]]:

@@ -264,6 +264,48 @@ def test_the_fast_path_loads_what_the_python_loop_loads(tmp_path, seed):
     assert python_loaded.skipped > 0 and python_loaded.refold, "the mix has undecodable and out-of-order records"
 
 
+class RowSink:
+    def __init__(self):
+        self.rows = {"history": [], "links": [], "results": []}
+        self.finished = None
+
+    def history(self, rows):
+        self.rows["history"] += rows
+
+    def links(self, rows):
+        self.rows["links"] += rows
+
+    def results(self, rows):
+        self.rows["results"] += rows
+
+    def finish(self, late_results, refold, indexes):
+        self.finished = (list(late_results), sorted(refold))
+
+    def close(self):
+        pass
+
+
+@needs_build
+@pytest.mark.parametrize("seed", range(40, 60))
+def test_the_rows_it_hands_a_postgresql_loader_are_the_python_loops(seed):
+    """Without a SQLite connection (a PostgreSQL loader) the fast path makes the rows the loop makes, in the
+    same order."""
+    settings, messages, ends, keys = _traffic(seed)
+    outcomes = []
+    for fast in (False, True):
+        sink = RowSink()
+        env = {} if fast else {"LEDGER_LOADER": "python"}
+        with mock.patch.object(bulk, "Consumer", _consumer(messages, ends, [1, 7, 10_000][seed % 3])), \
+                mock.patch.dict("os.environ", env):
+            try:
+                loaded = bulk.load(settings, keys, sink, lambda n: None)
+                outcomes.append((sink.rows, sink.finished, loaded.applied, loaded.skipped, loaded.offsets,
+                                 loaded.balances, loaded.holds, loaded.refold))
+            except Exception as exc:
+                outcomes.append((type(exc), str(exc)))
+    assert outcomes[1] == outcomes[0]
+
+
 @needs_build
 def test_the_fast_path_takes_the_common_records(tmp_path):
     """Ordinary records are taken by the fast path: the Python loop builds rows for the rest only."""

@@ -30,3 +30,27 @@ def test_a_busy_machine_gets_one_loader_and_an_unknown_one_every_core(monkeypatc
     assert bulk.loaders(1.5) == 2
     assert bulk.loaders(7.0) == 2
     assert bulk.loaders(None) == 2
+
+
+def _start_method_in_a_fresh_process(code: str) -> str:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent.parent
+    script = f"from projections import bulk\n{code}\nprint(bulk.start_method())"
+    return subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60,
+                          check=True).stdout.strip().splitlines()[-1]
+
+
+def test_loaders_fork_only_from_a_process_that_runs_one_thread():
+    """A fork copies only the forking thread, so loaders fork only when no other thread runs, counted by the
+    kernel: an open librdkafka client's threads (not Python's) make them spawn; once it is closed, its
+    threads are joined and they fork again; so does a Python thread."""
+    assert _start_method_in_a_fresh_process("") == "fork"
+    client = ("from confluent_kafka import Consumer\n"
+              "c = Consumer({'bootstrap.servers': '127.0.0.1:1', 'group.id': 'g'})\n")
+    assert _start_method_in_a_fresh_process(client) == "spawn"
+    assert _start_method_in_a_fresh_process(client + "c.close()") == "fork"
+    thread = "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()"
+    assert _start_method_in_a_fresh_process(thread) == "spawn"
