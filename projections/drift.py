@@ -26,8 +26,17 @@ from projections.store import Store
 
 log = logging.getLogger("ledger.drift")
 
-CHECK_EVERY_S = 5.0  # between two slices
-SLICE = 500  # accounts per slice
+CHECK_EVERY_S = 5.0  # between two passes
+SLICE = 500  # accounts read per query
+# The check shares the API's process and its interpreter lock with the requests it serves, so it runs in short
+# bursts at a share of a core: a burst holds the lock about BURST_S at most (a request that arrives meanwhile
+# waits that long at worst), then the thread sleeps long enough to keep its CPU at CPU_SHARE. Run flat out, the
+# first pass over a 1M-entry store took half a core from serving for minutes and a lookup cost the server 3x
+# its CPU (docs/read-side.md). A quarter of a core folds about 20,000 entries a second on the benchmark's
+# machine (12.7 µs each): a pass keeps up with a ledger writing less than that, and the first pass over 1M
+# entries takes about a minute (LedgerDriftCheckStalled waits 15).
+BURST_S = 0.002
+CPU_SHARE = 0.25
 COMPARED = ("currency", "status", "posted", "held", "available", "seq", "last_transaction_id", "updated_at_ms")
 
 
@@ -59,22 +68,28 @@ class DriftChecker:
     last_pass_at: float | None = None  # wall clock, seconds
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def check_slice(self, store: Store) -> int:
-        """Check the next slice of accounts; returns how many were checked."""
+    def check_slice(self, store: Store, budget_s: float | None = None) -> int:
+        """Check the next slice of accounts, or with budget_s only as many as fit in about that long (at least
+        one); returns how many were checked."""
         rows = store.balance_rows(self.cursor, self.slice_size)
+        until = None if budget_s is None else time.perf_counter() + budget_s
+        done = 0
         for row in rows:
             self._check(store, row)
+            done += 1
+            if until is not None and done < len(rows) and time.perf_counter() >= until:
+                break
         with self._lock:
-            self.checked += len(rows)
-            if len(rows) < self.slice_size:  # the walk reached the end: a pass is complete
+            self.checked += done
+            if done == len(rows) < self.slice_size:  # the walk reached the end: a pass is complete
                 self.passes += 1
                 self.drifts, self.pass_drifts = self.pass_drifts, {}
                 self.behind, self._pass_behind = self._pass_behind, 0
                 self.cursor = ""
                 self.last_pass_at = time.time()
             else:
-                self.cursor = rows[-1]["account_id"]
-        return len(rows)
+                self.cursor = rows[done - 1]["account_id"]
+        return done
 
     def check_all(self, store: Store) -> None:
         """One complete pass from wherever the walk stands (tests, `ledger` commands)."""
@@ -128,16 +143,22 @@ def _as_entry(row) -> dict[str, Any]:
     return entry
 
 
-def run(checker: DriftChecker, target: str, stop: threading.Event, every_s: float = CHECK_EVERY_S) -> None:
-    """The checker's thread: a slice every `every_s` (at once again while a pass has more to do) until stop."""
+def run(checker: DriftChecker, target: str, stop: threading.Event, every_s: float = CHECK_EVERY_S,
+        share: float = CPU_SHARE, burst_s: float = BURST_S) -> None:
+    """The checker's thread until stop: bursts of about burst_s, each followed by a sleep that keeps the
+    thread's CPU time at `share` of a core while a pass has more to do, and `every_s` between passes."""
     store = Store(target, readonly=True)
     try:
         while not stop.is_set():
+            passes = checker.passes
+            cpu = time.thread_time()
             try:
-                full = checker.check_slice(store) == checker.slice_size
+                checker.check_slice(store, burst_s)
+                more = checker.passes == passes
             except Exception:  # the database went away for a moment: try again later
                 log.exception("drift check failed; retrying")
-                full = False
-            stop.wait(0.05 if full else every_s)
+                more = False
+            spent = time.thread_time() - cpu
+            stop.wait(max(spent * (1 / share - 1), 0.001) if more else every_s)
     finally:
         store.close()

@@ -58,6 +58,60 @@ def test_drift_check_names_the_account_whose_balance_is_not_its_history(new_stor
     store.close()
 
 
+def _drifting_store(new_store, name: str) -> Store:
+    """Seven accounts of three entries each, one of them published a unit off."""
+    store = Store(new_store(name), f"{name}.")
+    offset = [0]
+    journals = {f"user:{i}:USD": [entry(f"user:{i}:USD", s, 100 * s, f"t{i}-{s}", 1000 + s) for s in range(1, 4)]
+                for i in range(7)}
+    apply(store, "history", [e for j in journals.values() for e in j], offset)
+    published = {a: fold.fold_journal(j).record() for a, j in journals.items()}
+    published["user:3:USD"] = {**published["user:3:USD"], "posted": "601", "available": "601"}
+    apply(store, "balances", list(published.values()), offset)
+    return store
+
+
+def test_a_pass_in_bursts_of_one_account_finds_what_a_whole_pass_finds(new_store):
+    """The API's thread checks in bursts bounded in time (at least one account each): a burst too short for a
+    second account still walks the whole store, once per pass, and finds the same drift."""
+    store = _drifting_store(new_store, "bursts")
+    whole = DriftChecker(slice_size=3)
+    whole.check_all(store)
+    bursts = DriftChecker(slice_size=3)
+    calls = 0
+    while bursts.passes == 0:
+        assert bursts.check_slice(store, budget_s=0.0) == 1
+        calls += 1
+    assert calls == 7 and bursts.checked == 7
+    assert bursts.report()["drifting"] == whole.report()["drifting"] != []
+    store.close()
+
+
+def test_the_drift_thread_keeps_to_its_share_of_a_core(new_store, monkeypatch):
+    """While a pass has more to do, each burst is followed by a sleep that keeps the thread's CPU time at its
+    share (a burst of 2 ms at 5%: 38 ms); between passes it sleeps `every_s`. (The clock is the test's.)"""
+    from projections import drift
+
+    store = _drifting_store(new_store, "share")
+    clock = iter(x * 0.002 for x in range(100))  # each burst costs 2 ms of the thread's CPU
+    monkeypatch.setattr(drift.time, "thread_time", lambda: next(clock))
+    waits = []
+
+    class Stop:
+        def is_set(self):
+            return len(waits) >= 9
+
+        def wait(self, seconds):
+            waits.append(round(seconds, 6))
+
+    checker = DriftChecker(slice_size=3)
+    monkeypatch.setattr(checker, "check_slice", lambda st, budget_s: DriftChecker.check_slice(checker, st, 0.0))
+    drift.run(checker, store.target, Stop(), every_s=5.0, share=0.05, burst_s=0.002)
+    assert waits == [0.038] * 6 + [5.0] + [0.038] * 2
+    assert checker.passes == 1
+    store.close()
+
+
 def test_transfers_in_clearing_are_listed_per_transaction_oldest_first(new_store):
     store = Store(new_store("clearing"), "clr.")
     offset = [0]
