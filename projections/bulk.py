@@ -53,7 +53,7 @@ from typing import Callable
 from confluent_kafka import Consumer, TopicPartition
 
 from projections import db, fastload
-from projections.fold import extend_by_time, newer_hold, sum_shards
+from projections.fold import extend_by_time, newer_hold, sum_shards, unfoldable
 from projections.store import (ACCOUNT_COLUMNS, ADVANCE_OFFSET, HISTORY_COLUMNS, HISTORY_FIELDS, HOLD_COLUMNS,
                                INSERT_LINK, KEEP_RESULT, REPLACE_ACCOUNT, REPLACE_HOLD, REPLACE_META, REPLACE_RESULT,
                                REPLACE_SUM, REPLACE_VIEW, RESULT_COLUMNS, SCHEMA_INDEXES, SCHEMA_TABLES, VIEW_COLUMNS,
@@ -266,6 +266,11 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                         out.skipped += 1
                         log.error("skipping undecodable %s record at %d/%d: %s", topic, key[1], offset, exc)
                         continue
+                why = unfoldable(topic, v)
+                if why is not None:  # as the projector does (projections/fold.py)
+                    out.skipped += 1
+                    log.error("skipping %s record at %d/%d that cannot be folded: %s", topic, key[1], offset, why)
+                    continue
                 out.applied += 1
                 if topic == "history":
                     account, seq = v["account_id"], v["seq"]

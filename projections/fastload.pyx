@@ -205,7 +205,7 @@ cdef class Batch:
     cdef sqlite3_stmt* results
     cdef dict fast, remaining, offsets, seen, balances
     cdef set refold, result_keys
-    cdef object balance_body
+    cdef object balance_body, unfoldable
     cdef dict keys
     cdef char[10] history_header
     cdef char[10] result_header
@@ -215,7 +215,7 @@ cdef class Batch:
 
     def __init__(self, conn, str insert_history, str insert_results, dict fast, dict remaining, dict offsets,
                  dict seen, set refold, set result_keys, dict balances, bytes history_header,
-                 bytes result_header, bytes balance_header, balance_body):
+                 bytes result_header, bytes balance_header, balance_body, unfoldable):
         """fast: {physical topic: logical topic}; the rest as bulk.load keeps them. conn: the SQLite
         connection the rows go to, or None: then they are appended to the lists `run` is given, as the
         Python loop's rows are (a PostgreSQL loader copies them)."""
@@ -223,6 +223,7 @@ cdef class Batch:
         self.db = NULL if conn is None else sq_handle(conn)
         self.fast, self.remaining, self.offsets, self.seen, self.balances = fast, remaining, offsets, seen, balances
         self.refold, self.result_keys, self.balance_body = refold, result_keys, balance_body
+        self.unfoldable = unfoldable
         self.keys = {}
         self.applied = 0
         for header in (history_header, result_header, balance_header):
@@ -339,8 +340,9 @@ cdef class Batch:
         _empty_block(c)  # links
         _empty_block(c)  # metadata
         rate = _optional_text(c)
-        if c.bad or c.p != c.n or not _integer(amount, &value):
-            return False
+        if (c.bad or c.p != c.n or not _integer(amount, &value) or not _integer(posted_after, &total)
+                or not _integer(held_after, &total)):
+            return False  # (amounts that are not plain integers: the Python loop judges them, fold.unfoldable)
         name = _str(account)
         state = self.seen.get(name)
         if state is None:
@@ -456,7 +458,7 @@ cdef class Batch:
             v, end = self.balance_body(data, 10)
         except Exception:
             return False
-        if end != PyBytes_GET_SIZE(data):
+        if end != PyBytes_GET_SIZE(data) or self.unfoldable("balances", v) is not None:
             return False
         self._taken(key, offset)
         account = v["account_id"]

@@ -22,6 +22,29 @@ from streams.core.accounting import ACCOUNT_TYPE_KEY, default_account_type
 STATUS_OF_KIND = {KIND_ACCOUNT_OPENED: "open", **{kind: status.value for status, kind in KIND_STATUS.items()}}
 
 
+# --- what a fold needs of a record -----------------------------------------------------------------------------
+# The amounts each topic's records carry as decimal strings, which the folds add up. The workers write them
+# with str(int); a record whose amount is no integer at all (a corrupt or forged record on a ledger topic)
+# cannot be folded, so the projector and a rebuild skip it and count it, as they skip a record that does not
+# decode, instead of failing on it again at every restart.
+AMOUNT_FIELDS = {"history": ("amount", "posted_after", "held_after"), "balances": ("posted", "held", "available")}
+HOLD_AMOUNT_FIELDS = ("amount", "captured", "released")
+
+
+def unfoldable(topic: str, record: Mapping[str, Any]) -> str | None:
+    """Why a decoded record of the history, balances or results topic cannot be folded (None: it can)."""
+    values = [(name, record[name]) for name in AMOUNT_FIELDS.get(topic, ())]
+    if topic == "results":
+        values += [(f"holds[{i}].{name}", hold[name]) for i, hold in enumerate(record["holds"])
+                   for name in HOLD_AMOUNT_FIELDS]
+    for name, value in values:
+        try:
+            int(value)
+        except (TypeError, ValueError):
+            return f"{name} {str(value)[:40]!r} is not an integer"
+    return None
+
+
 # --- history -> balance views -------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Balance:

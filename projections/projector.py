@@ -20,6 +20,7 @@ from typing import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from projections.db import display
+from projections.fold import unfoldable
 from projections.store import TOPICS, Record, Store
 from schemas.codec import DecodeError, codec
 from streams.config import Settings
@@ -155,6 +156,12 @@ class Projector:
             except DecodeError as exc:
                 self.progress.skipped += 1
                 log.error("skipping undecodable %s record at %d/%d: %s", topic, msg.partition(), offset, exc)
+                continue
+            why = unfoldable(topic, value)
+            if why is not None:
+                self.progress.skipped += 1
+                log.error("skipping %s record at %d/%d that cannot be folded: %s", topic, msg.partition(), offset,
+                          why)
                 continue
             records.append(Record(topic, msg.partition(), offset, value))
         if moved:
