@@ -445,9 +445,18 @@ def bench_api(entries: int, concurrency: int, requests: int, workers: int, threa
             # on a schedule, at half the server's saturated rate (the lower of the lookup's and the trivial
             # endpoint's: half of a lookup faster than /healthz is a rate /healthz itself cannot keep): the
             # lookup, then the trivial endpoint at the same rate.
+            # The load client shares the cores: where the trivial endpoint itself cannot keep p99 <= 20 ms at a
+            # rate, the machine, not the lookup, sets the figure there, so the rate is halved (twice at most)
+            # until it can, and the lookup is measured at that rate.
             rate = min(figures["rps"], ceiling1["rps"], ceiling2["rps"]) / 2
+            skipped_rates = []
+            for attempt in range(3):
+                paced_ceiling = _figures(*load_at_rate(port, trivial, rate, open_seconds, concurrency))
+                if paced_ceiling["p99_ms"] <= 20 or attempt == 2:
+                    break
+                skipped_rates.append((rate, paced_ceiling["p99_ms"]))
+                rate /= 2
             paced = _figures(*load_at_rate(port, account, rate, open_seconds, concurrency))
-            paced_ceiling = _figures(*load_at_rate(port, trivial, rate, open_seconds, concurrency))
         finally:
             server.terminate()
             server.wait(10)
@@ -466,7 +475,11 @@ def bench_api(entries: int, concurrency: int, requests: int, workers: int, threa
           f"p99 {figures['p99_ms']:.1f} ms (goal <= 20), max {figures['max_ms']:.1f} ms")
     print(f"API CPU      : server CPU time per request (all its processes, saturated runs): GET /accounts/{{id}} "
           f"{cpu_us['lookup']:.0f} us, GET /healthz {cpu_us['trivial']:.0f} us")
-    print(f"API paced    : {rate:,.0f} req/s on a schedule (half the server's saturated rate), {open_seconds:.0f} s, "
+    for skipped, p99 in skipped_rates:
+        print(f"API paced    : {skipped:,.0f} req/s on a schedule: GET /healthz p99 {p99:.1f} ms, above 20 ms with no "
+              f"database (the load client shares the cores): the rate is halved")
+    print(f"API paced    : {rate:,.0f} req/s on a schedule ({'half' if not skipped_rates else 'part of'} the server's "
+          f"saturated rate), {open_seconds:.0f} s, "
           f"{concurrency} connections, latency from the scheduled send: GET /accounts/{{id}} p50 "
           f"{paced['p50_ms']:.1f} ms, p99 {paced['p99_ms']:.1f} ms (goal <= 20), max {paced['max_ms']:.1f} ms; "
           f"GET /healthz at the same rate p50 {paced_ceiling['p50_ms']:.1f} ms, p99 {paced_ceiling['p99_ms']:.1f} ms, "

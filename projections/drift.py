@@ -67,11 +67,18 @@ class DriftChecker:
     _pass_behind: int = 0
     last_pass_at: float | None = None  # wall clock, seconds
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Balance rows read but not checked yet (a burst checks a few of a slice), and whether that slice was the
+    # walk's last: read once per slice, not once per burst.
+    _pending: list = field(default_factory=list)
+    _last_slice: bool = False
 
     def check_slice(self, store: Store, budget_s: float | None = None) -> int:
-        """Check the next slice of accounts, or with budget_s only as many as fit in about that long (at least
-        one); returns how many were checked."""
-        rows = store.balance_rows(self.cursor, self.slice_size)
+        """Check the rest of the current slice of accounts (the next slice when none is left), or with
+        budget_s only as many as fit in about that long (at least one); returns how many were checked."""
+        if not self._pending:
+            self._pending = list(store.balance_rows(self.cursor, self.slice_size))
+            self._last_slice = len(self._pending) < self.slice_size
+        rows = self._pending
         until = None if budget_s is None else time.perf_counter() + budget_s
         done = 0
         for row in rows:
@@ -79,16 +86,18 @@ class DriftChecker:
             done += 1
             if until is not None and done < len(rows) and time.perf_counter() >= until:
                 break
+        last = rows[done - 1]["account_id"] if done else self.cursor
+        del rows[:done]
         with self._lock:
             self.checked += done
-            if done == len(rows) < self.slice_size:  # the walk reached the end: a pass is complete
+            if not rows and self._last_slice:  # the walk reached the end: a pass is complete
                 self.passes += 1
                 self.drifts, self.pass_drifts = self.pass_drifts, {}
                 self.behind, self._pass_behind = self._pass_behind, 0
                 self.cursor = ""
                 self.last_pass_at = time.time()
             else:
-                self.cursor = rows[done - 1]["account_id"]
+                self.cursor = last  # the next slice is read after it
         return done
 
     def check_all(self, store: Store) -> None:
