@@ -1,26 +1,27 @@
-"""The replay loader's common case in C, for a SQLite store (projections/fastload.pyx).
+"""The replay loader's common case in C (projections/fastload.pyx).
 
 `bulk.load` spends most of a history record's time in its own Python: the loop, a dict per decoded record, a
 tuple per row, and `executemany` binding twenty Python values (docs/read-side.md). `fastload.pyx` takes the
-common records from their bytes straight to SQLite's prepared statements (for PostgreSQL, to the rows the
-loader copies, without the decoded dicts) and hands anything else back to
-`bulk.load`'s Python loop, which stays the source of truth (a differential test compares the two on hostile
-and irregular records as well as ordinary ones).
+common records from their bytes straight to SQLite's prepared statements, or to the row tuples a loader
+writes, without the decoded dicts, and hands anything else back to `bulk.load`'s Python loop, which stays the
+source of truth (a differential test compares the two on hostile and irregular records as well as ordinary
+ones).
 
-It is used only when all of these hold, else the Python loop does everything:
-- the module is built (`make install` runs `python -m schemas.cdecode build`, which compiles it with the
-  decoders; a module built from another version of the source is not used);
-- for SQLite: the interpreter's sqlite3 module uses SQLite as a shared library, whose functions the module
-  takes (no header or link-time dependency of its own), and the connection's handle is the one that opened
-  the file;
-- the current history and result schemas are the ones the module reads (their fingerprints, below);
-- `LEDGER_LOADER` is not `python`.
+It serves when the module is built (`make install` runs `python -m schemas.cdecode build`, which compiles it
+with the decoders; a module built from another version of the source is not used), the current history and
+result schemas are the ones it reads (their fingerprints, below), and `LEDGER_LOADER` is not `python`; else
+the Python loop does everything. Its rows go straight to SQLite when the interpreter is CPython 3.11-3.13
+(whose sqlite3.Connection begins with its handle), its sqlite3 module uses SQLite as a shared library (whose
+functions the module takes: no header or link-time dependency of its own) and SQLite says that handle opened
+the connection's file; otherwise, and for PostgreSQL, it hands the row tuples to the loader, which inserts
+or copies them as it does its own.
 """
 from __future__ import annotations
 
 import logging
 import os
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,23 @@ def _sqlite_library() -> bool:
     return _library
 
 
+# The interpreters whose sqlite3.Connection begins with its SQLite handle (Modules/_sqlite/connection.h); on
+# any other the handle is not read at all.
+HANDLE_FIRST = ((3, 11), (3, 12), (3, 13))
+
+
+def _direct(module: Any, conn: sqlite3.Connection) -> str | None:
+    """Why rows cannot go straight to SQLite through this connection's handle (None: they can)."""
+    if sys.version_info[:2] not in HANDLE_FIRST:
+        return f"Python {sys.version_info[0]}.{sys.version_info[1]}'s sqlite3 connection layout is not known here"
+    if not _sqlite_library():
+        return "the sqlite3 module's SQLite is not a shared library of this process"
+    file = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"), None)
+    if not file or module.handle_file(conn) != file:
+        return "the connection's handle is not the one that opened its file"
+    return None
+
+
 def unavailable(codec: Any) -> str | None:
     """Why the fast path cannot serve in this process (None when it can)."""
     if os.environ.get("LEDGER_LOADER") == "python":
@@ -87,16 +105,15 @@ def batch(conn: sqlite3.Connection | None, codec: Any, topics: dict[str, str], r
     does everything). conn: the SQLite connection its rows go to; None: it hands rows (tuples) back to the
     loop's lists, as the loop makes them (a PostgreSQL loader copies them)."""
     why = unavailable(codec)
-    module = cdecode.load_module(SOURCE)
-    if why is None and conn is not None and not _sqlite_library():
-        why = "the sqlite3 module's SQLite is not a shared library of this process"
-    if why is None and conn is not None:
-        file = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"), None)
-        if not file or module.handle_file(conn) != file:
-            why = "the connection's handle is not the one that opened its file"
     if why is not None:
         log.info("replay loader: the Python loop serves every record (%s)", why)
         return None
+    module = cdecode.load_module(SOURCE)
+    if conn is not None:
+        direct = _direct(module, conn)
+        if direct is not None:  # the rows still skip the Python loop, then go through executemany
+            log.info("replay loader: rows made in C, inserted by the sqlite3 module (%s)", direct)
+            conn = None
     return module.Batch(conn, _insert("history", HISTORY_BIND), _insert("results", RESULT_BIND), topics, remaining,
                         offsets, seen, refold, result_keys, balances, codec.header("history"),
                         codec.header("result"), codec.header("balance"), codec.body_decoder("balance"), unfoldable)
