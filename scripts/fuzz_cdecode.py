@@ -1,4 +1,5 @@
-"""`make fuzz-decode`: the compiled Avro decoders (schemas/cdecode.py) under AddressSanitizer, fed hostile bytes.
+"""`make fuzz-decode`: the compiled Avro decoders (schemas/cdecode.py) and the replay loader's common case
+(projections/fastload.pyx) under AddressSanitizer, fed hostile bytes.
 
 Builds every schema's Cython decoder (the ledger's current schemas and the generic test schema of
 tests/helpers/avro.py, which has a recursive record) with `-fsanitize=address` into a temporary directory, then
@@ -44,10 +45,12 @@ def compiled() -> dict:
 
 
 def build(directory: Path) -> None:
-    """Compile every decoder with AddressSanitizer (setuptools takes CFLAGS and LDFLAGS from the environment)."""
+    """Compile every decoder, and the replay loader's common case (projections/fastload.pyx), with
+    AddressSanitizer (setuptools takes CFLAGS and LDFLAGS from the environment)."""
     from schemas import cdecode
 
-    cdecode.build([c.native_source for c in compiled().values()], directory)
+    cdecode.build([c.native_source for c in compiled().values()] + [p.read_text() for p in cdecode.HAND_WRITTEN],
+                  directory)
 
 
 # ------------------------------------------------------------------------------------------ the cases
@@ -235,6 +238,135 @@ def fuzz(directory: Path, cases: int, seed: int, only: list[str]) -> int:
     return 1 if failures else 0
 
 
+def _common(name: str, rng: random.Random) -> dict:
+    """A record of the kind the fast path takes: ASCII text, plain integer amounts, no links, metadata or holds
+    (mostly: the edges around each are in too)."""
+    def text() -> str:
+        return rng.choice(("", "a", "user:42:USD", "x" * rng.randrange(70), "tx-" + str(rng.randrange(10**9))))
+
+    def amount() -> str:
+        return rng.choice((str(rng.randrange(-10**18 + 1, 10**18)), "0", "-0", "007", str(2**63 - 1), "9" * 19,
+                           "-" + "9" * 18, str(rng.randrange(1000))))
+
+    def maybe():
+        return None if rng.random() < 0.5 else text()
+
+    if name == "history":
+        return {"entry_id": text(), "account_id": text(), "currency": text(), "seq": rng.choice((1, 2, 2**40)),
+                "amount": amount(), "posted_after": amount(), "held_after": amount(), "transaction_id": maybe(),
+                "kind": text(), "reference": maybe(), "hold_id": maybe(),
+                "occurred_at_ms": rng.choice((0, 1_715_000_000_123, -1, 2**62)), "at_ms": rng.randrange(2**41),
+                "command_id": text(), "client_id": text(), "links": [] if rng.random() < 0.9 else [text()],
+                "metadata": {} if rng.random() < 0.9 else {text(): text()}, "rate_snapshot_id": maybe()}
+    return {"command_id": text(), "client_id": text(), "outcome": rng.choice(("accepted", "rejected")),
+            "reason": maybe(), "detail": text(), "duplicate": rng.random() < 0.2, "transaction_id": maybe(),
+            "at_ms": rng.randrange(2**41), "holds": [] if rng.random() < 0.9 else [
+                {"hold_id": text(), "account_id": text(), "amount": amount(), "captured": "0", "released": "0",
+                 "status": "open", "expires_at_ms": None}]}
+
+
+class _Message:
+    def __init__(self, topic: str, value: bytes):
+        self._topic, self._value = topic, value
+
+    def error(self):
+        return None
+
+    def topic(self):
+        return self._topic
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return 0
+
+    def value(self):
+        return self._value
+
+
+def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
+    """The replay loader's common case (projections/fastload.pyx) fed the same kinds of hostile records, one
+    at a time with a fresh state, making rows (as for PostgreSQL) and inserting them into SQLite directly. A
+    record it takes must be one the Python loop takes the same way: it decodes, can be folded, and gives the
+    same row; anything else it must hand back untouched."""
+    import sqlite3
+
+    import fastavro
+
+    from projections import bulk, fastload
+    from projections.fold import unfoldable
+    from projections.store import SCHEMA_TABLES
+    from schemas import cdecode
+    from schemas.codec import codec
+
+    module = cdecode.load_module(fastload.SOURCE, directory)
+    if module is None or not module.bind_library(next(
+            line.split()[-1] for line in open("/proc/self/maps") if "/libsqlite3" in line).encode()):
+        print(f"fastload: no module built in {directory}, or no shared SQLite", file=sys.stderr)
+        return 2
+    c = codec()
+    failures = total = 0
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn.executescript(SCHEMA_TABLES)
+    for name, topic in (("history", "history"), ("result", "results")):
+        rng = random.Random(f"{seed}:fastload:{name}")
+        named: dict = {}
+        parsed = fastavro.parse_schema(schemas()[name], named_schemas=named, _write_hint=False)
+        body = compiled()[name]
+        plain = [body.encode(small(parsed, named, rng)) for _ in range(100)]
+        plain += [body.encode(_common(name, rng)) for _ in range(300)]  # what the fast path takes
+        header = c.header(name)
+        taken = 0
+        for i in range(cases):
+            kind, data, _ = case(rng, plain)
+            value = header + data
+            direct = i % 2 == 1
+            rows: dict[str, list] = {"history": [], "results": []}
+            state = {"remaining": {(topic, 0): 1}, "offsets": {}, "seen": {}, "refold": set(), "keys": set(),
+                     "balances": {}}
+            batch = module.Batch(conn if direct else None, fastload._insert("history", fastload.HISTORY_BIND),
+                                 fastload._insert("results", fastload.RESULT_BIND), {topic: topic},
+                                 state["remaining"], state["offsets"], state["seen"], state["refold"], state["keys"],
+                                 state["balances"], c.header("history"), c.header("result"), c.header("balance"),
+                                 c.body_decoder("balance"), unfoldable)
+            if direct:
+                conn.execute("BEGIN")
+            at = batch.run([_Message(topic, value)], 0, rows["history"], rows["results"])
+            if direct:
+                got = [tuple(r) for r in conn.execute(f"SELECT * FROM {topic}")]
+                conn.execute("ROLLBACK")
+            else:
+                got = rows[topic]
+            batch.close()
+            total += 1
+            if at == 0:
+                if got or state["offsets"] or batch.applied:
+                    failures += 1
+                    print(f"CHANGED {name} {kind}: handed back after applying: {value.hex()[:300]}", flush=True)
+                continue
+            taken += 1
+            try:
+                v = c.decode(name, value)
+                why = unfoldable(topic, v)
+            except Exception as exc:
+                v, why = None, f"{type(exc).__name__}: {exc}"
+            if topic == "history":
+                expected = [] if why else [bulk.history_row(v, int(v["amount"]), v["held_after"])]
+            else:
+                expected = [] if why or v["duplicate"] else [bulk.result_row(v)]
+            if why or got != expected or batch.applied != 1:
+                failures += 1
+                if failures <= 20:
+                    print(f"DIFFERS {name} {kind} direct={direct}: {value.hex()[:300]}\n  python: {why or expected}"
+                          f"\n  fast:   {got}", flush=True)
+        print(f"fastload {name}: {cases:,} records, {taken:,} taken by the fast path, the rest handed back",
+              flush=True)
+    print(f"fastload: {total:,} records, {failures} differing from the Python loop; no AddressSanitizer report",
+          flush=True)
+    return 1 if failures else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=100_000, help="random cases per schema")
@@ -243,7 +375,10 @@ def main() -> int:
     args = parser.parse_args()
     only = [s for s in args.only.split(",") if s]
     if os.environ.get(_CHILD):
-        return fuzz(Path(os.environ[_CHILD]), args.cases, args.seed, only)
+        status = fuzz(Path(os.environ[_CHILD]), args.cases, args.seed, only)
+        if not only or "fastload" in only:
+            status = max(status, fuzz_loader(Path(os.environ[_CHILD]), args.cases, args.seed))
+        return status
     libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True,
                              check=True).stdout.strip()
     if not os.path.isabs(libasan):
