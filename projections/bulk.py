@@ -209,6 +209,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                          "enable.auto.offset.store": False, "isolation.level": "read_committed",
                          "fetch.max.bytes": 64 * 1024 * 1024, "queued.max.messages.kbytes": 256 * 1024})
     remaining = {k: until for k, (start, until) in keys.items() if until > start}
+    fast_path = None
     try:
         if remaining:
             consumer.assign([TopicPartition(settings.topic(t), p, keys[(t, p)][0]) for t, p in remaining])
@@ -352,6 +353,8 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                                                                if indexes else ""))
         return out
     finally:
+        if fast_path is not None:  # its statements, whatever happened, before the sink closes the connection
+            fast_path.close()
         consumer.close()
 
 

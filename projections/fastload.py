@@ -54,17 +54,18 @@ def _sqlite_library() -> bool:
     global _library
     if _library is None:
         module = cdecode.load_module(SOURCE)
-        path = None
+        paths = set()
         try:
             with open("/proc/self/maps") as maps:
                 for line in maps:
                     name = line.rstrip("\n").split(" ")[-1]
                     if "/libsqlite3" in name:
-                        path = name
-                        break
+                        paths.add(name)
         except OSError:
             pass
-        _library = bool(module is not None and path and module.bind_library(path.encode()))
+        # Exactly one SQLite in the process: with two (another package's own), which one owns the sqlite3
+        # module's handles cannot be told from here.
+        _library = bool(module is not None and len(paths) == 1 and module.bind_library(paths.pop().encode()))
     return _library
 
 
@@ -75,10 +76,13 @@ HANDLE_FIRST = ((3, 11), (3, 12), (3, 13))
 
 def _direct(module: Any, conn: sqlite3.Connection) -> str | None:
     """Why rows cannot go straight to SQLite through this connection's handle (None: they can)."""
-    if sys.version_info[:2] not in HANDLE_FIRST:
-        return f"Python {sys.version_info[0]}.{sys.version_info[1]}'s sqlite3 connection layout is not known here"
+    if sys.implementation.name != "cpython" or sys.version_info[:2] not in HANDLE_FIRST:
+        return f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}'s sqlite3 connection layout " \
+               "is not known here"
+    if not isinstance(conn, sqlite3.Connection):
+        return f"{type(conn).__name__} is not a sqlite3 connection"
     if not _sqlite_library():
-        return "the sqlite3 module's SQLite is not a shared library of this process"
+        return "the sqlite3 module's SQLite is not the one shared library of SQLite in this process"
     file = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"), None)
     if not file or module.handle_file(conn) != file:
         return "the connection's handle is not the one that opened its file"

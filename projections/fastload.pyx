@@ -201,6 +201,7 @@ cdef class Batch:
     prepared statements of the loader's SQLite connection."""
 
     cdef sqlite3* db
+    cdef object conn  # kept open while its statements live
     cdef sqlite3_stmt* history
     cdef sqlite3_stmt* results
     cdef dict fast, remaining, offsets, seen, balances
@@ -220,6 +221,7 @@ cdef class Batch:
         connection the rows go to, or None: then they are appended to the lists `run` is given, as the
         Python loop's rows are (a PostgreSQL loader copies them)."""
         cdef const char* tail
+        self.conn = conn
         self.db = NULL if conn is None else sq_handle(conn)
         self.fast, self.remaining, self.offsets, self.seen, self.balances = fast, remaining, offsets, seen, balances
         self.refold, self.result_keys, self.balance_body = refold, result_keys, balance_body
