@@ -416,7 +416,7 @@ def bench_api(entries: int, concurrency: int, requests: int, workers: int, threa
         code = ("import uvicorn; uvicorn.run('projections.api:app_from_env', factory=True, host='127.0.0.1', "
                 f"port={port}, workers={workers}, log_level='warning')")
         env = {**os.environ, "PYTHONPATH": str(ROOT), "LEDGER_API_TARGET": str(db), "LEDGER_API_PREFIX": "bench.",
-               "LEDGER_API_READ_THREADS": str(threads)}
+               "LEDGER_API_READ_THREADS": str(threads), "LEDGER_API_PROCESSES": str(workers)}
         server = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env)
         try:
             import httpx

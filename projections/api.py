@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from projections.access import ApiTokens, TokenGate
 from projections.answers import ApiError
 from projections.db import display, is_postgres
-from projections.drift import CHECK_EVERY_S as DRIFT_EVERY_S, DriftChecker, run as run_drift
+from projections.drift import CHECK_EVERY_S as DRIFT_EVERY_S, CPU_SHARE as DRIFT_SHARE, DriftChecker, run as run_drift
 from projections.hub import POLL_S, READ_THREADS, Hub, Readers
 from projections.metrics import ReadSideCollector, StatsCache
 from projections.routes import DASHBOARD, AccountLookups, ReadSide, router
@@ -60,7 +60,8 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 # --- the app ----------------------------------------------------------------------------------------------------
 def _lifespan(target: str | Path, settings: Settings | None, projector: bool, readers: Readers, hub: Hub,
-              drift: DriftChecker | None = None, drift_every_s: float = 0.0):
+              drift: DriftChecker | None = None, drift_every_s: float = 0.0,
+              drift_share: float = DRIFT_SHARE):
     """The hub for the app's lifetime; with projector=True, the projector in a thread, nudging the hub after
     every batch (read-your-writes and the live feed see a batch as soon as it commits); with a drift
     checker, its thread (projections/drift.py)."""
@@ -71,8 +72,8 @@ def _lifespan(target: str | Path, settings: Settings | None, projector: bool, re
         await hub.start()
         checker = None
         if drift is not None:
-            checker = threading.Thread(target=run_drift, args=(drift, str(target), stop, drift_every_s),
-                                       name="drift-check", daemon=True)
+            checker = threading.Thread(target=run_drift, name="drift-check", daemon=True,
+                                       args=(drift, str(target), stop, drift_every_s, drift_share))
             checker.start()
         if projector:
             from projections.projector import run
@@ -120,10 +121,10 @@ def _answer_errors_as_json(app: FastAPI) -> None:
 def create_app(target: str | Path, settings: Settings | None = None, *, projector: bool = False,
                min_seq_timeout_s: float = 5.0, read_threads: int = READ_THREADS, poll_s: float = POLL_S,
                drift_every_s: float = DRIFT_EVERY_S, tokens: ApiTokens | None = None,
-               worker_metrics: list[str] | None = None) -> FastAPI:
+               worker_metrics: list[str] | None = None, drift_share: float = DRIFT_SHARE) -> FastAPI:
     """The API over the store `target` (a SQLite path or a postgresql:// URL). projector=True also runs the
     projector in a thread (needs settings). drift_every_s > 0 runs the background drift check
-    (projections/drift.py) at that pace. tokens: who may read what (projections/access.py); None: those of
+    (projections/drift.py) with that pause between passes, at drift_share of a core. tokens: who may read what (projections/access.py); None: those of
     LEDGER_API_TOKENS, or open when it is not set. worker_metrics: the workers' /metrics URLs for the dashboard's
     latency and lag per partition (None: LEDGER_WORKER_METRICS). The routes (projections/routes.py) ask the
     store and format its rows; nothing else."""
@@ -138,7 +139,8 @@ def create_app(target: str | Path, settings: Settings | None = None, *, projecto
     registry.register(ReadSideCollector(stats))
 
     app = FastAPI(title="Ledger read API", version="1", **NO_TELEMETRY,
-                  lifespan=_lifespan(target, settings, projector, readers, hub, drift, drift_every_s),
+                  lifespan=_lifespan(target, settings, projector, readers, hub, drift, drift_every_s,
+                                     drift_share),
                   description="Balances, history, holds, transactions and command results from the read store. "
                               "Read-only. " + (__doc__ or "").split("stable codes:")[-1])
     app.state.readers = readers
@@ -166,8 +168,12 @@ def app_from_env() -> FastAPI:
     settings = config.load()
     if os.environ.get("LEDGER_API_PREFIX"):
         settings = settings.with_prefix(os.environ["LEDGER_API_PREFIX"])
+    # Each served process checks for drift on its own (its /drift and metrics report its own walk), so together
+    # they keep to the one share of a core a single process takes.
+    processes = max(1, int(os.environ.get("LEDGER_API_PROCESSES", "1")))
     return create_app(os.environ["LEDGER_API_TARGET"], settings, projector=False,
-                      read_threads=int(os.environ.get("LEDGER_API_READ_THREADS", READ_THREADS)))
+                      read_threads=int(os.environ.get("LEDGER_API_READ_THREADS", READ_THREADS)),
+                      drift_share=DRIFT_SHARE / processes)
 
 
 def serve(settings: Settings, target: str | Path, host: str = "127.0.0.1", port: int = 8080,
@@ -195,6 +201,7 @@ def serve(settings: Settings, target: str | Path, host: str = "127.0.0.1", port:
         thread = threading.Thread(target=run, args=(settings, target, stop), name="projector", daemon=True)
         thread.start()
     os.environ["LEDGER_API_TARGET"], os.environ["LEDGER_API_PREFIX"] = str(target), settings.prefix
+    os.environ["LEDGER_API_PROCESSES"] = str(workers)
     try:
         uvicorn.run("projections.api:app_from_env", factory=True, host=host, port=port, workers=workers,
                     log_level="warning", log_config=logs.uvicorn_log_config())

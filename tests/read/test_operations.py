@@ -151,3 +151,22 @@ def test_transfers_in_clearing_are_listed_per_transaction_oldest_first(new_store
     apply(store, "history", [entry("sys:clearing:USD@4", 1, -500, "t-old", now)], offset)
     assert [t["transaction_id"] for t in store.transfers_in_clearing()] == ["t-new"]
     store.close()
+
+
+def test_served_processes_divide_the_drift_checks_share_among_them(tmp_path, monkeypatch):
+    """`ledger api` serves one process per core, each with its own drift check: together they keep to the
+    share one process takes (LEDGER_API_PROCESSES, set by `serve` and the benchmark)."""
+    from fastapi.testclient import TestClient
+
+    from projections import api, drift
+    from streams import logs
+
+    shares = []
+    monkeypatch.setattr(api, "run_drift", lambda checker, target, stop, every_s, share: shares.append(share))
+    monkeypatch.setattr(logs, "setup", lambda: None)
+    monkeypatch.setenv("LEDGER_API_TARGET", str(tmp_path / "read.db"))
+    for processes, expected in (("2", drift.CPU_SHARE / 2), ("1", drift.CPU_SHARE)):
+        monkeypatch.setenv("LEDGER_API_PROCESSES", processes)
+        with TestClient(api.app_from_env()):
+            pass
+        assert shares.pop() == expected
