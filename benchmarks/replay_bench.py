@@ -190,9 +190,9 @@ def store_floors(history: list[tuple], results: list[tuple], pg_url: str | None)
     rows are first staged inside the store (untimed), in a table without keys, then moved into the store's
     tables in log order by one INSERT ... SELECT each (a keyless source rules out SQLite's transfer
     optimisation, so every row is inserted into the B-trees as a loader inserts it), then the secondary
-    indexes are built. No Python runs per row while timed. SQLite runs in this process (its CPU is this
-    process's); PostgreSQL's is its backend's, read from /proc, with parallel index builds off so that it
-    is all there."""
+    indexes are built (in PostgreSQL the primary keys too, after the rows, as a rebuild does). No Python runs
+    per row while timed. SQLite runs in this process (its CPU is this process's); PostgreSQL's is its
+    backend's, read from /proc, with parallel index builds off so that it is all there."""
     from projections.bulk import INSERT_HISTORY_ROWS, INSERT_RESULT_ROWS, SqliteSink
     from projections.store import HISTORY_COLUMNS, RESULT_COLUMNS, SCHEMA_INDEXES
 
@@ -215,13 +215,13 @@ def store_floors(history: list[tuple], results: list[tuple], pg_url: str | None)
     if pg_url:
         from projections import db
         from projections.bulk import PgSink
-        from projections.store import SCHEMA_TABLES
+        from projections.store import PRIMARY_KEYS, add_primary_key, tables_without_keys
 
         target = db.with_schema(pg_url, f"floor_bench_{uuid.uuid4().hex[:8]}")
         sink = PgSink(target)
         conn = sink.conn
         try:
-            db.create_tables(conn, SCHEMA_TABLES)
+            db.create_tables(conn, tables_without_keys(PRIMARY_KEYS))  # as a rebuild copies: keys after the rows
             for table, columns, rows in moves:
                 conn.execute(f"CREATE UNLOGGED TABLE staged_{table} AS SELECT * FROM {table} WITH NO DATA")
                 conn.copy_rows(f"staged_{table}", columns, rows,
@@ -233,6 +233,8 @@ def store_floors(history: list[tuple], results: list[tuple], pg_url: str | None)
                 with db.transaction(conn):
                     for table, columns, _ in moves:
                         conn.execute(f"INSERT INTO {table} SELECT * FROM staged_{table}")
+                for table in PRIMARY_KEYS:
+                    conn.execute(add_primary_key(table))
                 db.create_tables(conn, SCHEMA_INDEXES)
                 floors["PostgreSQL"] = _proc_cpu(backend) - cpu
         finally:

@@ -97,6 +97,23 @@ CREATE INDEX IF NOT EXISTS holds_account ON holds (account_id, status);
 # once at the end (one sort instead of an index update per row).
 SCHEMA_TABLES = ";\n".join(st for st in SCHEMA.split(";\n") if "CREATE INDEX" not in st) + ";\n"
 SCHEMA_INDEXES = ";\n".join(st.strip() for st in SCHEMA.split(";\n") if "CREATE INDEX" in st) + ";\n"
+# The bulk tables' primary keys, which a PostgreSQL rebuild adds after the rows (projections/bulk.py).
+PRIMARY_KEYS = {"history": ("account_id", "seq"), "results": ("client_id", "command_id")}
+
+
+def tables_without_keys(tables: Iterable[str]) -> str:
+    """SCHEMA_TABLES without the primary keys of these tables (of PRIMARY_KEYS)."""
+    ddl = SCHEMA_TABLES
+    for table in tables:
+        key = f",\n    PRIMARY KEY ({', '.join(PRIMARY_KEYS[table])})) WITHOUT ROWID"
+        if ddl.count(key) != 1:
+            raise ValueError(f"the schema's {table} table does not end with its primary key as expected")
+        ddl = ddl.replace(key, ") WITHOUT ROWID")
+    return ddl
+
+
+def add_primary_key(table: str) -> str:
+    return f"ALTER TABLE {table} ADD PRIMARY KEY ({', '.join(PRIMARY_KEYS[table])})"
 
 HISTORY_FIELDS = ("account_id", "seq", "entry_id", "currency", "amount", "posted_after", "held_after",
                   "transaction_id", "kind", "reference", "hold_id", "occurred_at_ms", "at_ms", "command_id",
