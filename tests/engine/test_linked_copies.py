@@ -48,6 +48,11 @@ def engine_records(bus: Bus) -> list[bytes]:
     return [k for p in range(bus.n) for k, _ in bus.stored(p, b"e/")]
 
 
+def coordinated_by(coordinator: int | None, batch: bytes) -> bytes:
+    """The linked batch as its producer writes it: naming its coordinator partition."""
+    return C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": coordinator})
+
+
 def assert_y1_first_batch_posted(bus: Bus) -> None:
     """The batch l1 (Y1 pays X2 80), l2 (X1 pays Y1 600) from funded(y1=100) posted whole, nothing left in flight."""
     assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "accepted", None), ("l2", "accepted", None)]
@@ -149,7 +154,7 @@ def test_a_copy_whose_coordinator_never_got_the_batch_is_dropped_after_its_wait_
     decided); the batch sent again later is decided in full."""
     bus = funded(y1=100)
     batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
-    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    placed = coordinated_by(0, batch)
     bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
     bus.run()
     assert bus.account(Y1) == (100, 80) and not answers(bus, "l1", "l2")
@@ -170,7 +175,7 @@ def test_a_copy_whose_coordinator_never_got_the_batch_is_dropped_after_its_wait_
 def test_a_copy_read_after_the_coordinator_s_reserve_reserves_nothing_more():
     bus = funded(y1=100)
     batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
-    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    placed = coordinated_by(0, batch)
     bus.send_to(0, placed, key=routing.routing_key_for(X1).encode())
     bus.step(0)  # begun: ReserveLinked is in partition 1's log before the copy
     bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
@@ -187,8 +192,7 @@ def test_a_copy_of_other_payloads_under_the_batch_s_ids_is_undone_when_the_real_
     other = linked(transfer("l1", (Y1, -90), (X2, 90)), transfer("l2", (X1, -600), (Y1, 600)))
     key = routing.routing_key_for(X1).encode()
     for partition, value in ((1, other), (0, real)):
-        bus.send_to(partition, C.encode("command_batch", {**C.decode("command_batch", value), "coordinator": 0}),
-                    key=key)
+        bus.send_to(partition, coordinated_by(0, value), key=key)
     bus.step(1)
     assert bus.account(Y1) == (100, 90)
     bus.run()
@@ -212,7 +216,7 @@ def test_the_copy_sent_again_and_the_batch_sent_again_change_nothing_twice():
 def test_a_batch_naming_a_coordinator_that_does_not_exist_is_refused_whole():
     bus = funded()
     batch = linked(transfer("l1", (X1, -1), (Y1, 1)), transfer("l2", (X1, -1), (X2, 1)))
-    bus.send_to(0, C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": N}))
+    bus.send_to(0, coordinated_by(N, batch))
     bus.run()
     assert [a[:3] for a in answers(bus, "l1", "l2")] == [("l1", "rejected", "invalid_command"),
                                                           ("l2", "rejected", "invalid_command")]
@@ -231,7 +235,7 @@ def test_a_command_sent_alone_while_its_copy_waits_is_decided_when_the_copy_is_d
     bus = funded(y1=100)
     oracles = Oracles(bus)
     batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
-    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    placed = coordinated_by(0, batch)
     bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
     bus.run()
     assert bus.account(Y1) == (100, 80)
@@ -263,7 +267,7 @@ def test_a_command_sent_again_only_in_another_batch_while_its_copy_waits_never_p
     bus = funded(y1=100)
     oracles = Oracles(bus)
     batch = linked(transfer("l1", (Y1, -80), (X2, 80)), transfer("l2", (X1, -600), (Y1, 600)))
-    placed = C.encode("command_batch", {**C.decode("command_batch", batch), "coordinator": 0})
+    placed = coordinated_by(0, batch)
     bus.send_to(1, placed, key=routing.routing_key_for(X1).encode())
     bus.run()
     other = [transfer("l1", (Y1, -80), (X2, 80)), transfer("l8", (Y2, 0), (X2, 0))]
@@ -331,7 +335,7 @@ def test_an_unreadable_command_in_a_copy_is_answered_by_the_coordinator_only():
     bus = funded(y1=100)
     oracles = Oracles(bus)
     bad, l1, l2 = unreadable_batch(Y1, oracles)
-    placed = C.encode("command_batch", {**C.decode("command_batch", linked(l1, l2, bad)), "coordinator": 0})
+    placed = coordinated_by(0, linked(l1, l2, bad))
     for partition in (0, 1):
         bus.send_to(partition, placed, at_ms=bus.clock + 1, key=routing.routing_key_for(X1).encode())
     bus.run()
@@ -394,8 +398,7 @@ def test_copies_keep_every_promise_while_producers_die_retry_and_log_time_jumps(
             values = [value for value, _ in items]
             records = [C.decode("command", value) for value in values]
             coordinator, partitions = placement.linked_placements(records, items[0][1], bus.n)
-            placed = C.encode("command_batch", {**C.decode("command_batch", linked(*values)),
-                                                "coordinator": coordinator if len(partitions) > 1 else None})
+            placed = coordinated_by(coordinator if len(partitions) > 1 else None, linked(*values))
             copies_only = len(partitions) > 1 and rng.random() < 0.3
             if not copies_only:
                 for value in values:
