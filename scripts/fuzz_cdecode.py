@@ -265,26 +265,6 @@ def _common(name: str, rng: random.Random) -> dict:
                  "status": "open", "expires_at_ms": None}]}
 
 
-class _Message:
-    def __init__(self, topic: str, value: bytes):
-        self._topic, self._value = topic, value
-
-    def error(self):
-        return None
-
-    def topic(self):
-        return self._topic
-
-    def partition(self):
-        return 0
-
-    def offset(self):
-        return 0
-
-    def value(self):
-        return self._value
-
-
 def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
     """The replay loader's common case (projections/fastload.pyx) fed the same kinds of hostile records, one
     at a time with a fresh state, making rows (as for PostgreSQL) and inserting them into SQLite directly. A
@@ -299,6 +279,7 @@ def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
     from projections.store import SCHEMA_TABLES
     from schemas import cdecode
     from schemas.codec import codec
+    from tests.helpers.stub_consumer import Message
 
     module = cdecode.load_module(fastload.SOURCE, directory)
     if module is None or not module.bind_library(next(
@@ -332,7 +313,7 @@ def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
                                  c.body_decoder("balance"), unfoldable)
             if direct:
                 conn.execute("BEGIN")
-            at = batch.run([_Message(topic, value)], 0, rows["history"], rows["results"])
+            at = batch.run([Message(topic, 0, 0, value)], 0, rows["history"], rows["results"])
             if direct:
                 got = [tuple(r) for r in conn.execute(f"SELECT * FROM {topic}")]
                 conn.execute("ROLLBACK")

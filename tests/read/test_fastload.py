@@ -20,60 +20,10 @@ from projections.store import SCHEMA
 from schemas import cdecode
 from schemas.codec import codec
 from streams import config
+from tests.helpers.stub_consumer import Message, consumer_of
 
 BUILT = cdecode.load_module(fastload.SOURCE) is not None
 needs_build = pytest.mark.skipif(not BUILT, reason="the fast path is not built on this machine (no C compiler)")
-
-
-class _Message:
-    def __init__(self, topic, partition, offset, value, error=None):
-        self._t, self._p, self._o, self._v, self._e = topic, partition, offset, value, error
-
-    def error(self):
-        return self._e
-
-    def topic(self):
-        return self._t
-
-    def partition(self):
-        return self._p
-
-    def offset(self):
-        return self._o
-
-    def value(self):
-        return self._v
-
-
-class _Position:
-    def __init__(self, topic, partition, offset):
-        self.topic, self.partition, self.offset = topic, partition, offset
-
-
-def _consumer(messages, ends, batch):
-    class Consumer:
-        def __init__(self, _config):
-            self.at = 0
-
-        def assign(self, _partitions):
-            pass
-
-        def consume(self, n, timeout=0):
-            out = messages[self.at:self.at + min(n, batch)]
-            self.at += len(out)
-            return out
-
-        def position(self, tps):
-            done = self.at >= len(messages)
-            return [_Position(tp.topic, tp.partition, ends[(tp.topic, tp.partition)] if done else 0) for tp in tps]
-
-        def incremental_unassign(self, _partitions):
-            pass
-
-        def close(self):
-            pass
-
-    return Consumer
 
 
 def _history(account, seq, rng, **over):
@@ -166,7 +116,7 @@ def _traffic(seed: int, count: int = 600):
         topic = settings.topic(logical)
         offset = offsets.get((topic, partition), 0)
         offsets[(topic, partition)] = offset + 1
-        messages.append(_Message(topic, partition, offset, value, error))
+        messages.append(Message(topic, partition, offset, value, error))
 
     results_seen = []
     for n in range(count):
@@ -231,7 +181,7 @@ def _load(tmp: Path, settings, messages, ends, keys, batch: int, fast: bool):
     path = tmp / f"{'fast' if fast else 'python'}.db"
     sink = bulk.SqliteSink(str(path))
     env = {} if fast else {"LEDGER_LOADER": "python"}
-    with mock.patch.object(bulk, "Consumer", _consumer(messages, ends, batch)), mock.patch.dict("os.environ", env):
+    with mock.patch.object(bulk, "Consumer", consumer_of(messages, ends, batch)), mock.patch.dict("os.environ", env):
         loaded = bulk.load(settings, keys, sink, lambda n: None)
     sink.close()
     conn = sqlite3.connect(path)
@@ -300,7 +250,7 @@ def test_the_rows_it_hands_a_postgresql_loader_are_the_python_loops(seed):
     for fast in (False, True):
         sink = RowSink()
         env = {} if fast else {"LEDGER_LOADER": "python"}
-        with mock.patch.object(bulk, "Consumer", _consumer(messages, ends, [1, 7, 10_000][seed % 3])), \
+        with mock.patch.object(bulk, "Consumer", consumer_of(messages, ends, [1, 7, 10_000][seed % 3])), \
                 mock.patch.dict("os.environ", env):
             loaded = bulk.load(settings, keys, sink, lambda n: None)
         outcomes.append((sink.rows, sink.finished, loaded.applied, loaded.skipped, loaded.offsets, loaded.balances,
