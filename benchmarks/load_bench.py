@@ -4,12 +4,13 @@
 
 The records are those of `make bench-read` (benchmarks/replay_bench.py's synthetic history, balances and
 results over 2,000 accounts in 8 partitions), encoded once and handed to the loader by a stand-in for
-confluent-kafka's Consumer (tests/helpers/stub_consumer.py) that returns them in batches as `consume()` would. The loader writes a real SQLite
-file. Variants, alternated round by round so the machine's swings fall on each alike: the common records taken
-by the loader's fast path in C (projections/fastload.py), or every record by its Python loop with the decoders
-compiled to C (schemas/cdecode.py) or with the generated Python ones. Printed: CPU µs per record (time.process_time) and
-records/s of CPU. (The cyclic garbage collector switched off while loading made no difference here: 8.61 against
-8.81 µs with the compiled decoders, 15.04 against 14.73 with the Python ones, 150,000 records; it stays on.)
+confluent-kafka's Consumer (tests/helpers/stub_consumer.py) that returns them in batches as `consume()` would.
+The loader writes a real SQLite file. Variants, alternated round by round so the machine's swings fall on each
+alike: the common records taken by the loader's fast path in C (projections/fastload.py), or every record by
+its Python loop with the decoders compiled to C (schemas/cdecode.py) or with the generated Python ones.
+Printed: CPU µs per record (time.process_time) and records/s of CPU. (The cyclic garbage collector switched
+off while loading made no difference here: 8.61 against 8.81 µs with the compiled decoders, 15.04 against
+14.73 with the Python ones, 150,000 records; it stays on.)
 """
 from __future__ import annotations
 
