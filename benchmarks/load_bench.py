@@ -4,13 +4,13 @@
 
 The records are those of `make bench-read` (benchmarks/replay_bench.py's synthetic history, balances and
 results over 2,000 accounts in 8 partitions), encoded once and handed to the loader by a stand-in for
-confluent-kafka's Consumer (tests/helpers/stub_consumer.py) that returns them in batches as `consume()` would.
-The loader writes a real SQLite file. Variants, alternated round by round so the machine's swings fall on each
-alike: the common records taken by the loader's fast path in C (projections/fastload.py), or every record by
-its Python loop with the decoders compiled to C (schemas/cdecode.py) or with the generated Python ones.
-Printed: CPU µs per record (time.process_time) and records/s of CPU. (The cyclic garbage collector switched
-off while loading made no difference here: 8.61 against 8.81 µs with the compiled decoders, 15.04 against
-14.73 with the Python ones, 150,000 records; it stays on.)
+confluent-kafka's Consumer that returns them in batches as `consume()` would. The loader writes a real SQLite
+file. Variants, alternated round by round so the machine's swings fall on each alike: the common records taken
+by the loader's fast path in C (projections/fastload.py), or every record by its Python loop with the decoders
+compiled to C (schemas/cdecode.py) or with the generated Python ones. Printed: CPU µs per record
+(time.process_time) and records/s of CPU. (The cyclic garbage collector switched off while loading made no
+difference here: 8.61 against 8.81 µs with the compiled decoders, 15.04 against 14.73 with the Python ones,
+150,000 records; it stays on.) Its stand-in for the consumer is its own: a benchmark imports nothing of tests/.
 """
 from __future__ import annotations
 
@@ -29,11 +29,64 @@ from benchmarks.replay_bench import synthetic  # noqa: E402
 from projections import bulk  # noqa: E402
 from schemas import codec as codec_module  # noqa: E402
 from streams import config, routing  # noqa: E402
-from tests.helpers.stub_consumer import Message, consumer_of  # noqa: E402
+
+
+class _Message:
+    __slots__ = ("_topic", "_partition", "_offset", "_value")
+
+    def __init__(self, topic: str, partition: int, offset: int, value: bytes):
+        self._topic, self._partition, self._offset, self._value = topic, partition, offset, value
+
+    def error(self):
+        return None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class _Position:
+    def __init__(self, topic: str, partition: int, offset: int):
+        self.topic, self.partition, self.offset = topic, partition, offset
+
+
+class FakeConsumer:
+    """Hands out the prepared messages in order, `consume(n)` at a time; positions at the end when done."""
+
+    messages: list[_Message] = []
+    ends: dict[tuple[str, int], int] = {}
+
+    def __init__(self, _config):
+        self.at = 0
+
+    def assign(self, _partitions):
+        pass
+
+    def consume(self, n: int, timeout: float = 0):
+        batch = self.messages[self.at:self.at + n]
+        self.at += len(batch)
+        return batch
+
+    def position(self, tps):
+        done = self.at >= len(self.messages)
+        return [_Position(tp.topic, tp.partition, self.ends[(tp.topic, tp.partition)] if done else 0) for tp in tps]
+
+    def incremental_unassign(self, _partitions):
+        pass
+
+    def close(self):
+        pass
 
 
 def prepare(settings, records: int):
-    """(messages, end offsets, keys) of the benchmark's records, encoded once."""
     c = codec_module.Codec(native=False)
     offsets: dict[tuple[str, int], int] = {}
     messages = []
@@ -44,15 +97,17 @@ def prepare(settings, records: int):
             topic = settings.topic(name)
             offset = offsets.get((topic, p), 0)
             offsets[(topic, p)] = offset + 1
-            messages.append(Message(topic, p, offset, c.encode(schema, value)))
+            messages.append(_Message(topic, p, offset, c.encode(schema, value)))
+    FakeConsumer.messages = messages
+    FakeConsumer.ends = offsets
     names = {settings.topic(t): t for t in bulk.SCHEMA_OF}
-    return messages, offsets, {(names[topic], p): (0, end) for (topic, p), end in offsets.items()}
+    return {(names[topic], p): (0, end) for (topic, p), end in offsets.items()}
 
 
-def run_once(settings, messages, ends, keys, native: bool, fast: bool) -> float:
+def run_once(settings, keys, native: bool, fast: bool) -> float:
     codec_module._codec = codec_module.Codec(native=native)
     with tempfile.TemporaryDirectory(prefix="ledger-load-bench-") as tmp, \
-            mock.patch.object(bulk, "Consumer", consumer_of(messages, ends)), \
+            mock.patch.object(bulk, "Consumer", FakeConsumer), \
             mock.patch.dict("os.environ", {} if fast else {"LEDGER_LOADER": "python"}):
         sink = bulk.SqliteSink(str(Path(tmp) / "store.db"))
         gc.collect()
@@ -60,7 +115,7 @@ def run_once(settings, messages, ends, keys, native: bool, fast: bool) -> float:
         loaded = bulk.load(settings, keys, sink, lambda n: None)
         cpu = time.process_time() - t0
         sink.close()
-    assert loaded.applied == len(messages), loaded.applied
+    assert loaded.applied == len(FakeConsumer.messages), loaded.applied
     return cpu
 
 
@@ -70,14 +125,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     settings = config.load().with_prefix("load-bench.")
-    messages, ends, keys = prepare(settings, args.records)
-    n = len(messages)
+    keys = prepare(settings, args.records)
+    n = len(FakeConsumer.messages)
     variants = [("fast path in C (fastload)", True, True), ("Python loop, compiled decoders", True, False),
                 ("Python loop and decoders", False, False)]
     cpu: dict[str, list[float]] = {label: [] for label, _, _ in variants}
     for r in range(args.rounds):
         for label, native, fast in (variants if r % 2 == 0 else variants[::-1]):
-            cpu[label].append(run_once(settings, messages, ends, keys, native, fast))
+            cpu[label].append(run_once(settings, keys, native, fast))
     print(f"load_bench: {n} records (history, balances, results), one loader into SQLite, in process, "
           f"{args.rounds} rounds; load, indexes and commit included")
     for label, _, _ in variants:
