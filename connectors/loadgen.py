@@ -143,8 +143,9 @@ class LoadGenerator:
 
 # --- paced in the background (fault runs: load keeps coming while workers are killed) --------------------------
 class Pump(threading.Thread):
-    """Sends `count` commands at about `per_second` in the background, recording their ids.
-    join() re-raises whatever stopped it early, so a broken generator cannot pass unnoticed."""
+    """Sends `count` commands at about `per_second` in the background, appending their ids to `sent` (which
+    may already hold ids of earlier pumps). join() re-raises whatever stopped it early, so a broken generator
+    cannot pass unnoticed."""
 
     def __init__(self, client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str],
                  batch_window_s: float = 0.0):
@@ -152,10 +153,13 @@ class Pump(threading.Thread):
         self.client, self.gen, self.count, self.per_second, self.sent = client, gen, count, per_second, sent
         self.batch_window_s = batch_window_s
         self.error: BaseException | None = None
+        self.done = 0
 
     def run(self) -> None:
         try:
-            self.sent.extend(self.gen.paced(self.count, self.per_second, self.batch_window_s))
+            for command_id in self.gen.paced(self.count, self.per_second, self.batch_window_s):
+                self.sent.append(command_id)
+                self.done += 1
             self.client.flush()
         except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
             self.error = exc
@@ -164,7 +168,7 @@ class Pump(threading.Thread):
         super().join(timeout)
         if self.error is not None:
             raise self.error
-        assert len(self.sent) == self.count, f"only {len(self.sent)} of {self.count} commands sent"
+        assert self.done == self.count, f"only {self.done} of {self.count} commands sent"
 
 
 def pump(client: LedgerClient, gen: LoadGenerator, count: int, per_second: float, sent: list[str],
