@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from projections.fold import unfoldable
 from projections.store import HISTORY_COLUMNS, RESULT_COLUMNS
 from schemas import cdecode
 
@@ -120,4 +119,4 @@ def batch(conn: sqlite3.Connection | None, codec: Any, topics: dict[str, str], r
             conn = None
     return module.Batch(conn, _insert("history", HISTORY_BIND), _insert("results", RESULT_BIND), topics, remaining,
                         offsets, seen, refold, result_keys, balances, codec.header("history"),
-                        codec.header("result"), codec.header("balance"), codec.body_decoder("balance"), unfoldable)
+                        codec.header("result"), codec.header("balance"), codec.body_decoder("balance"))

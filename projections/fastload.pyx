@@ -3,9 +3,11 @@
 
 `Batch.run` does for a record what projections.bulk.load's loop does, byte for byte in its effects, when the
 record is of the common kind: a history entry of the current schema in seq order with no links or metadata,
-a result with no holds whose key is new in the share, or a balance record; every string ASCII, every number
-in 64 bits. Rows go straight from the record's bytes to SQLite's prepared statements (no Python string,
-dict or tuple per row). Anything else (a record it cannot decode, an older schema, an out-of-order seq, links,
+a result with no holds whose key is new in the share, or a balance record with plain integer amounts; every
+string ASCII, every number in 64 bits. Rows go straight from the record's bytes to SQLite's prepared
+statements (no Python string, dict or tuple per row). A balance record is only read far enough to know it is
+well formed and whether it is its account's latest so far; the latest one's bytes are decoded once, when the
+Python loop is handed a record or the batch closes (`_settle`), not every one of the account's versions. Anything else (a record it cannot decode, an older schema, an out-of-order seq, links,
 a retried result, non-ASCII text) it leaves untouched and hands back to the Python loop, which is the source
 of truth; the loop takes that one record and calls back. So nothing it does not fully apply has been applied.
 """
@@ -205,8 +207,9 @@ cdef class Batch:
     cdef sqlite3_stmt* history
     cdef sqlite3_stmt* results
     cdef dict fast, remaining, offsets, seen, balances
+    cdef dict latest  # account -> (seq, bytes): its newest balance record taken here, not decoded yet
     cdef set refold, result_keys
-    cdef object balance_body, unfoldable
+    cdef object balance_body
     cdef dict keys
     cdef char[10] history_header
     cdef char[10] result_header
@@ -216,7 +219,7 @@ cdef class Batch:
 
     def __init__(self, conn, str insert_history, str insert_results, dict fast, dict remaining, dict offsets,
                  dict seen, set refold, set result_keys, dict balances, bytes history_header,
-                 bytes result_header, bytes balance_header, balance_body, unfoldable):
+                 bytes result_header, bytes balance_header, balance_body):
         """fast: {physical topic: logical topic}; the rest as bulk.load keeps them. conn: the SQLite
         connection the rows go to, or None: then they are appended to the lists `run` is given, as the
         Python loop's rows are (a PostgreSQL loader copies them)."""
@@ -225,8 +228,8 @@ cdef class Batch:
         self.db = NULL if conn is None else sq_handle(conn)
         self.fast, self.remaining, self.offsets, self.seen, self.balances = fast, remaining, offsets, seen, balances
         self.refold, self.result_keys, self.balance_body = refold, result_keys, balance_body
-        self.unfoldable = unfoldable
         self.keys = {}
+        self.latest = {}
         self.applied = 0
         for header in (history_header, result_header, balance_header):
             if len(header) != 10:
@@ -244,6 +247,7 @@ cdef class Batch:
             raise RuntimeError(f"SQLite: {SQ.errmsg(self.db).decode()}")
 
     def close(self):
+        self._settle()
         if self.history != NULL:
             SQ.finalize(self.history)
             self.history = NULL
@@ -281,7 +285,7 @@ cdef class Batch:
                 continue
             topic = self.fast.get(msg.topic())
             if topic is None:
-                return i
+                return self._handed_back(i)
             partition = msg.partition()
             key = self.keys.get((topic, partition))
             if key is None:
@@ -292,24 +296,24 @@ cdef class Batch:
                 continue  # past its end offset (bulk.load skips it too)
             data = msg.value()
             if type(data) is not bytes:
-                return i
+                return self._handed_back(i)
             c.b = <const unsigned char*>PyBytes_AS_STRING(data)
             c.n = PyBytes_GET_SIZE(data)
             c.p = 10
             c.bad = False
             if c.n < 10:
-                return i
+                return self._handed_back(i)
             if topic == "history":
                 if memcmp(c.b, self.history_header, 10) != 0 or not self._history(&c, key, offset):
-                    return i
+                    return self._handed_back(i)
             elif topic == "results":
                 if memcmp(c.b, self.result_header, 10) != 0 or not self._result(&c, key, offset):
-                    return i
+                    return self._handed_back(i)
             elif topic == "balances":
-                if memcmp(c.b, self.balance_header, 10) != 0 or not self._balance(data, key, offset):
-                    return i
+                if memcmp(c.b, self.balance_header, 10) != 0 or not self._balance(&c, data, key, offset):
+                    return self._handed_back(i)
             else:
-                return i
+                return self._handed_back(i)
         return n
 
     cdef inline void _taken(self, object key, int64_t offset):
@@ -455,16 +459,46 @@ cdef class Batch:
         self._step(stmt)
         return True
 
-    cdef bint _balance(self, object data, object key, int64_t offset) except -1:
-        try:
+    cdef Py_ssize_t _handed_back(self, Py_ssize_t i) except -1:
+        self._settle()  # the Python loop reads and writes `balances`: it finds them as if it had done all
+        return i
+
+    cdef int _settle(self) except -1:
+        """Decode the latest balance record of each account taken since the last time into `balances`."""
+        if not self.latest:
+            return 0
+        for account, (seq, data) in self.latest.items():
             v, end = self.balance_body(data, 10)
-        except Exception:
-            return False
-        if end != PyBytes_GET_SIZE(data) or self.unfoldable("balances", v) is not None:
-            return False
-        self._taken(key, offset)
-        account = v["account_id"]
-        old = self.balances.get(account)
-        if old is None or v["seq"] > old["seq"]:
+            if end != PyBytes_GET_SIZE(data) or v["seq"] != seq or v["account_id"] != account:
+                raise AssertionError(f"fastload read a balance record of {account!r} otherwise than its decoder")
             self.balances[account] = v
+        self.latest.clear()
+        return 0
+
+    cdef bint _balance(self, Cursor* c, object data, object key, int64_t offset) except -1:
+        cdef Text account, posted, held, available
+        cdef int64_t seq, value
+        account = _text(c)
+        _text(c)  # currency
+        _text(c)  # status
+        posted = _text(c)
+        held = _text(c)
+        available = _text(c)
+        seq = _long(c)
+        _optional_text(c)  # last_transaction_id
+        _long(c)  # updated_at_ms
+        _optional_text(c)  # account_type
+        if (c.bad or c.p != c.n or not _integer(posted, &value) or not _integer(held, &value)
+                or not _integer(available, &value)):
+            return False  # (amounts that are not plain integers: the Python loop judges them, fold.unfoldable)
+        self._taken(key, offset)
+        name = _str(account)
+        taken = self.latest.get(name)
+        if taken is not None:
+            if seq > <int64_t>taken[0]:
+                self.latest[name] = (seq, data)
+            return True
+        old = self.balances.get(name)
+        if old is None or seq > old["seq"]:
+            self.latest[name] = (seq, data)
         return True
