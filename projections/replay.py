@@ -16,7 +16,6 @@ newer record lies beyond the live offsets; the comparison then names that accoun
 """
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 import uuid
@@ -239,65 +238,6 @@ def raw_consume_rate(settings: Settings) -> tuple[int, float]:
         return count, time.perf_counter() - t0
     finally:
         consumer.close()
-
-
-def measure(settings: Settings, pg_url: str | None = None, workers: int | None = None,
-            rounds: int = 3) -> dict:
-    """Replay records/s next to the raw consumer's, same topics, same run; with pg_url, also the replay
-    rate into PostgreSQL (a fresh schema there, dropped afterwards).
-
-    The machine is shared and its speed swings by a third from one second to the next (2026-12-02: the same
-    SQLite rebuild took 0.64 to 1.22 s within a minute, the raw read 0.29 to 0.44 s), so one replay against
-    one read says little. In `rounds` rounds, raw reads and replays alternate (read, replays, read, replays,
-    ..., read); each replay is compared with the mean of the reads just before and after it. The figure is the
-    lower of the median of those ratios and the ratio of the medians (median replay rate over median read
-    rate): both are given, with each round's."""
-    def raw_rps() -> tuple[int, float, float]:
-        records, seconds = raw_consume_rate(settings)
-        return records, seconds, records / seconds if seconds else 0.0
-
-    raws = [raw_rps()]
-    runs: dict[str, list] = {"sqlite": [], "pg": []}
-    alt = None
-    for round_ in range(max(1, rounds)):
-        with tempfile.TemporaryDirectory(prefix="ledger-replay-bench-") as tmp:
-            runs["sqlite"].append(rebuild(settings, Path(tmp) / "bench.db", progress=False, workers=workers))
-        if round_ == 0:
-            # The same with one loader if it took more, else with one per core: what more loaders bring on this
-            # machine now (they need idle cores).
-            other = 1 if runs["sqlite"][0].loaders > 1 else os.cpu_count() or 1
-            if other != runs["sqlite"][0].loaders:
-                with tempfile.TemporaryDirectory(prefix="ledger-replay-bench-") as tmp:
-                    alt = rebuild(settings, Path(tmp) / "bench.db", progress=False, workers=other)
-        if pg_url:
-            target = db.with_schema(pg_url, f"replay_bench_{uuid.uuid4().hex[:8]}")
-            try:
-                runs["pg"].append(rebuild(settings, target, progress=False, workers=workers))
-            finally:
-                db.drop_schema(target)
-        raws.append(raw_rps())
-    around = [(a[2] + b[2]) / 2 for a, b in zip(raws, raws[1:])]  # the raw rate around each round
-    middle = sorted(raws, key=lambda r: r[2])[len(raws) // 2]
-    figures: dict = {"raw_records": middle[0], "raw_s": middle[1], "raw_rps": middle[2],
-                     "raw_range": (min(r[2] for r in raws), max(r[2] for r in raws)), "rounds": len(around),
-                     "hashes": {r.hash for results in runs.values() for r in results} | ({alt.hash} if alt else set())}
-    for name, prefix in (("sqlite", ""), ("pg", "pg_")):
-        results = runs[name]
-        if not results:
-            continue
-        ratios = [r.records_per_s / raw if raw else 0.0 for r, raw in zip(results, around)]
-        paired = sorted(ratios)[len(ratios) // 2]
-        chosen = sorted(results, key=lambda r: r.records_per_s)[len(results) // 2]  # the median rate's round
-        of_medians = chosen.records_per_s / middle[2] if middle[2] else 0.0
-        figures.update({f"{prefix}ratio": min(paired, of_medians), f"{prefix}ratios": ratios,
-                        f"{prefix}paired_ratio": paired, f"{prefix}medians_ratio": of_medians,
-                        f"{prefix}replay_s": chosen.seconds, f"{prefix}replay_rps": chosen.records_per_s,
-                        f"{prefix}hash": chosen.hash, f"{prefix}timeline": chosen.timeline,
-                        f"{prefix}loaders": chosen.loaders, "records": chosen.records})
-    if alt is not None:
-        figures.update(alt_replay_s=alt.seconds, alt_replay_rps=alt.records_per_s, alt_hash=alt.hash,
-                       alt_loaders=alt.loaders, alt_ratio=alt.records_per_s / around[0] if around[0] else 0.0)
-    return figures
 
 
 def run_cli(settings: Settings, into: str | None, against: str | None, from_offsets: str | None,
