@@ -23,7 +23,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streams import config, limits, logs, metrics
-from streams import authn
+from streams import authn, batching
 from streams.malloc_arenas import cap_malloc_arenas, fix_mmap_threshold
 from streams import ticks
 from streams.engine import CommandRecord, Engine
@@ -169,6 +169,10 @@ if ticks.INTERVAL_S > 0:
             await asyncio.to_thread(engine.produce_ticks, owned)
 
 
+# Records between each partition's last batch and its end, as of that batch (how far behind the worker is).
+_lag: dict = {}
+
+
 def _observe_lag(events) -> None:
     consumer = app.consumer
     last = {}
@@ -177,7 +181,8 @@ def _observe_lag(events) -> None:
     for tp, offset in last.items():
         high = consumer.highwater(tp)
         if high is not None:
-            metrics.LAG.labels(str(tp.partition)).set(max(0, high - offset - 1))
+            _lag[tp] = max(0, high - offset - 1)
+            metrics.LAG.labels(str(tp.partition)).set(_lag[tp])
     totals: dict[str, int] = {}
     for proc in engine.processors.values():
         for currency, posted in proc.clearing.items():
@@ -188,7 +193,11 @@ def _observe_lag(events) -> None:
 
 @app.agent(commands, concurrency=1)
 async def ledger_worker(stream):
-    async for events in stream.take_events(config.BATCH_MAX, within=config.BATCH_WINDOW_S):
+    def wait_for_more() -> float:  # longer only while behind (streams/batching.py says why)
+        return batching.window(sum(_lag[tp] for tp in app.consumer.assignment() if tp in _lag), config.BATCH_BEHIND,
+                               config.BATCH_WINDOW_S, config.BATCH_WINDOW_IDLE_S)
+
+    async for events in batching.take_batches(stream, config.BATCH_MAX, wait_for_more):
         records = [
             CommandRecord(e.message.partition, e.message.offset, round(e.message.timestamp * 1000),
                           e.message.key, e.message.value, e.message.headers)
@@ -200,7 +209,7 @@ async def ledger_worker(stream):
                 metrics.record_latency([r.timestamp_ms for r in records], round(time.time() * 1000))
             _observe_lag(events)
         except BaseException:
-            # take_events acks the batch when this body ends, even by an exception: never let it end so.
+            # take_batches acks the batch when this body ends, even by an exception: never let it end so.
             # Exiting here leaves the offsets uncommitted; the restarted worker redoes the batch.
             log.exception("commit path failed; exiting without acknowledging the batch")
             logging.shutdown()
