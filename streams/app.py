@@ -52,6 +52,7 @@ class _TablelessManager(TableManager):
 app = faust.App(
     f"{settings.prefix}workers",
     TableManager=_TablelessManager,
+    Stream=batching.LedgerStream,  # take_batches: the worker's way of taking commands (streams/batching.py)
     broker=[f"kafka://{server}" for server in settings.bootstrap.split(",")],
     # The same SASL / TLS / mTLS / OAUTHBEARER settings as every confluent-kafka client (streams/kafka_security.py).
     broker_credentials=settings.faust_credentials(),
@@ -197,7 +198,7 @@ async def ledger_worker(stream):
         return batching.window(sum(_lag[tp] for tp in app.consumer.assignment() if tp in _lag), config.BATCH_BEHIND,
                                config.BATCH_WINDOW_S, config.BATCH_WINDOW_IDLE_S)
 
-    async for events in batching.take_batches(stream, config.BATCH_MAX, wait_for_more):
+    async for events in stream.take_batches(config.BATCH_MAX, wait_for_more):
         records = [
             CommandRecord(e.message.partition, e.message.offset, round(e.message.timestamp * 1000),
                           e.message.key, e.message.value, e.message.headers)

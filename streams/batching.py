@@ -7,11 +7,12 @@ decision: each a record the next partition's worker takes), so it was most of a 
 (docs/engine.md, "Latency"). A shorter window alone halves that, but then a loaded worker decides fewer commands
 per Kafka transaction and its throughput fell by a third (measured: 2 ms against 20 ms).
 
-`take_batches` buffers the same way (a processor on the stream fills the buffer; the events are acked after the
-batch's body has run, as `take_events` does) with two differences: the window starts with the first record
-of the batch, not at a fixed tick, and its length is asked of `window()` before each batch, so the worker can
-wait longer while it is behind (batches then fill, as before) and hardly at all when it has caught up. Faust's
-own buffering is used as it is written; what this adds is the choice of wait.
+`LedgerStream.take_batches` buffers the same way (a processor on the stream fills the buffer; the events are
+acked after the batch's body has run, as `take_events` does) with two differences: the window starts with the
+first record of the batch, not at a fixed tick, and its length is asked of `window()` before each batch, so the
+worker can wait longer while it is behind (batches then fill, as before) and hardly at all when it has caught
+up. Faust's own buffering is used as it is written, from a subclass of its stream (the app makes its streams
+of it); what this adds is the choice of wait.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import asyncio
 import logging
 from typing import Any, AsyncIterator, Callable
 
+import faust
 from mode.utils.aiter import aiter
 from mode.utils.futures import notify
 
@@ -34,62 +36,65 @@ def window(lag: int, behind: int, busy_s: float, idle_s: float) -> float:
     return busy_s if lag >= behind else idle_s
 
 
-async def take_batches(stream: Any, max_: int, window: Callable[[], float]) -> AsyncIterator[list]:
-    """Yield lists of up to max_ events of the Faust stream: once the first of a batch is buffered, wait up
-    to window() seconds (asked then) for more, or until max_ are buffered. The events of a batch are acked when
-    its body ends, never before (as with Stream.take_events, also when the body raises: the worker exits
-    before that, streams/app.py)."""
-    events: list = []
-    full, consumed, arrived = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    consuming: asyncio.Future | None = None  # set while the caller works on a batch: nothing joins it meanwhile
-    acks = stream.enable_acks
+class LedgerStream(faust.Stream):
+    """Faust's stream with one more way to take batches (the app's `Stream`, streams/app.py)."""
 
-    async def buffer(value: Any) -> Any:
-        nonlocal consuming
-        try:
-            if consuming is not None:
-                try:
-                    await consuming
-                finally:
-                    consuming = None
-            event = stream.current_event
-            if event is None:
-                raise RuntimeError("take_batches found no current event")
-            events.append(event)
-            arrived.set()
-            if len(events) >= max_:
-                full.set()
-                consumed.clear()
-                await stream.wait(consumed)  # strict: never more than max_ in a batch
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # as Faust's take_events does: the stream crashes, loudly
-            log.exception("error adding to the batch buffer: %r", exc)
-            await stream.crash(exc)
-        return value
+    async def take_batches(self, max_: int, window: Callable[[], float]) -> AsyncIterator[list]:
+        """Yield lists of up to max_ events: once the first of a batch is buffered, wait up to window() seconds
+        (asked then) for more, or until max_ are buffered. The events of a batch are acked when its body ends,
+        never before (as with Stream.take_events, also when the body raises: the worker exits before that,
+        streams/app.py)."""
+        events: list = []
+        full, consumed, arrived = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        consuming: asyncio.Future | None = None  # set while the caller works on a batch: nothing joins it then
+        acks = self.enable_acks
 
-    stream.enable_acks = False  # acked here, after the batch's body
-    stream.add_processor(buffer)
-    stream._enable_passive(aiter(stream.channel))
-    try:
-        while not stream.should_stop:
-            if not events:
-                await stream.wait_for_stopped(arrived, timeout=IDLE_RECHECK_S)
-                if not events:
-                    continue
-            await stream.wait_for_stopped(full, timeout=window())
-            consuming = asyncio.get_running_loop().create_future()
-            batch = list(events)
+        async def buffer(value: Any) -> Any:
+            nonlocal consuming
             try:
-                yield batch
-            finally:
-                events.clear()
-                arrived.clear()
-                for event in batch:
-                    await stream.ack(event)
-                notify(consuming)  # the record waiting in buffer() joins the next batch
-                full.clear()
-                consumed.set()
-    finally:
-        stream.enable_acks = acks
-        stream._processors.remove(buffer)
+                if consuming is not None:
+                    try:
+                        await consuming
+                    finally:
+                        consuming = None
+                event = self.current_event
+                if event is None:
+                    raise RuntimeError("take_batches found no current event")
+                events.append(event)
+                arrived.set()
+                if len(events) >= max_:
+                    full.set()
+                    consumed.clear()
+                    await self.wait(consumed)  # strict: never more than max_ in a batch
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # as Faust's take_events does: the stream crashes, loudly
+                log.exception("error adding to the batch buffer: %r", exc)
+                await self.crash(exc)
+            return value
+
+        self.enable_acks = False  # acked here, after the batch's body
+        self.add_processor(buffer)
+        self._enable_passive(aiter(self.channel))  # the stream feeds `buffer` in the background
+        try:
+            while not self.should_stop:
+                if not events:
+                    await self.wait_for_stopped(arrived, timeout=IDLE_RECHECK_S)
+                    if not events:
+                        continue
+                await self.wait_for_stopped(full, timeout=window())
+                consuming = asyncio.get_running_loop().create_future()
+                batch = list(events)
+                try:
+                    yield batch
+                finally:
+                    events.clear()
+                    arrived.clear()
+                    for event in batch:
+                        await self.ack(event)
+                    notify(consuming)  # the record waiting in buffer() joins the next batch
+                    full.clear()
+                    consumed.set()
+        finally:
+            self.enable_acks = acks
+            self._processors.remove(buffer)

@@ -1,9 +1,11 @@
-"""How a worker takes batches from its Faust stream (streams/batching.py): never more than asked, acked only
-after the batch's body, records arriving meanwhile kept for the next batch, the wait asked before each batch.
+"""How a worker takes batches from its Faust stream (streams/batching.py, LedgerStream.take_batches): never
+more than asked, acked only after the batch's body, records arriving meanwhile kept for the next batch, the
+wait asked before each batch.
 
-The stream here stands in for Faust's: it has the members take_batches uses, and delivers each record as Faust's
-passive drainer does (the record as the stream's current event, through every processor in turn). The worker's
-broker tests run the real one (kill -9 mid-batch among them: an ack before the body would lose commands there).
+The stream here stands in for Faust's: it has the members take_batches uses (the method is called on it
+unbound), and delivers each record as Faust's passive drainer does (the record as the stream's current event,
+through every processor in turn). The worker's broker tests run the real one (kill -9 mid-batch among them: an
+ack before the body would lose commands there).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from streams.batching import take_batches, window
+from streams.batching import LedgerStream, window
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def test_batches_hold_at_most_max_and_are_acked_only_after_their_body():
             asked.append(len(seen))
             return 60.0  # only a full batch ends the wait here
 
-        batches = take_batches(stream, 3, wait)
+        batches = LedgerStream.take_batches(stream, 3, wait)
         feeding = asyncio.ensure_future(stream.feed(range(7)))
         first = await batches.__anext__()
         seen.append([e.value for e in first])
@@ -102,7 +104,7 @@ def test_batches_hold_at_most_max_and_are_acked_only_after_their_body():
 def test_a_record_arriving_during_the_body_joins_the_next_batch():
     async def scenario():
         stream = Stream()
-        batches = take_batches(stream, 10, lambda: 0.0)
+        batches = LedgerStream.take_batches(stream, 10, lambda: 0.0)
         first_delivery = asyncio.ensure_future(stream.deliver(1))
         first = await batches.__anext__()
         await first_delivery
@@ -120,7 +122,7 @@ def test_a_record_arriving_during_the_body_joins_the_next_batch():
 def test_a_lone_record_is_not_held_for_a_batch_when_the_wait_is_zero():
     async def scenario():
         stream = Stream()
-        batches = take_batches(stream, 1000, lambda: 0.0)
+        batches = LedgerStream.take_batches(stream, 1000, lambda: 0.0)
         asyncio.ensure_future(stream.deliver(7))
         return [e.value for e in await batches.__anext__()]
 
@@ -130,7 +132,7 @@ def test_a_lone_record_is_not_held_for_a_batch_when_the_wait_is_zero():
 def test_a_failure_adding_a_record_crashes_the_stream():
     async def scenario():
         stream = Stream()
-        batches = take_batches(stream, 10, lambda: 0.0)
+        batches = LedgerStream.take_batches(stream, 10, lambda: 0.0)
         pending = asyncio.ensure_future(batches.__anext__())
         await asyncio.sleep(0)
         stream.current_event = None
