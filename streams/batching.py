@@ -82,7 +82,12 @@ class LedgerStream(faust.Stream):
                     await self.wait_for_stopped(arrived, timeout=IDLE_RECHECK_S)
                     if not events:
                         continue
-                await self.wait_for_stopped(full, timeout=window())
+                try:
+                    wait_s = window()
+                except Exception:  # noqa: BLE001 - never let it end the take: its finally would ack undone work
+                    log.exception("could not choose the wait for more records; taking what is here")
+                    wait_s = 0.0
+                await self.wait_for_stopped(full, timeout=wait_s)
                 consuming = asyncio.get_running_loop().create_future()
                 batch = list(events)
                 try:

@@ -54,7 +54,8 @@ class Stream:
         self.acked.append(event.value)
 
     async def crash(self, exc: BaseException) -> None:
-        raise exc
+        self.crashed = exc  # Faust's marks the stream crashed: it stops
+        self.should_stop = True
 
     async def deliver(self, value: int) -> None:
         self.current_event = Event(value)
@@ -136,13 +137,84 @@ def test_a_failure_adding_a_record_crashes_the_stream():
         pending = asyncio.ensure_future(batches.__anext__())
         await asyncio.sleep(0)
         stream.current_event = None
-        with pytest.raises(RuntimeError, match="no current event"):
-            await stream._processors[0](1)
+        await stream._processors[0](1)
         pending.cancel()
+        return stream
 
-    run(scenario())
+    stream = run(scenario())
+    assert isinstance(stream.crashed, RuntimeError) and "no current event" in str(stream.crashed)
+    assert stream.acked == []
+
+
+def test_a_wait_that_cannot_be_chosen_takes_what_is_there_and_goes_on():
+    def broken() -> float:
+        raise KeyError("lag")
+
+    async def scenario():
+        stream = Stream()
+        batches = LedgerStream.take_batches(stream, 10, broken)
+        feeding = asyncio.ensure_future(stream.feed([1]))
+        first = await batches.__anext__()
+        await feeding
+        feeding = asyncio.ensure_future(stream.feed([2]))
+        second = await batches.__anext__()
+        return [e.value for e in first], [e.value for e in second], list(stream.acked), stream.enable_acks
+
+    assert run(scenario()) == ([1], [2], [1], False)
 
 
 @pytest.mark.parametrize("lag, expected", [(0, 0.002), (99, 0.002), (100, 0.02), (5000, 0.02)])
 def test_the_worker_waits_for_more_only_while_behind(lag, expected):
     assert window(lag, behind=100, busy_s=0.02, idle_s=0.002) == expected
+
+
+def test_the_real_faust_stream_batches_and_acks_after_each_body(tmp_path, monkeypatch):
+    """LedgerStream as the app makes it, over an in-memory channel (no broker): records sent one every 4 ms,
+    bodies of 20 ms, at most 3 a batch: every record in exactly one batch, in order, and its ack after the end
+    of that batch's body."""
+    import faust
+
+    log: list[tuple[str, object]] = []
+    ack = LedgerStream.ack
+
+    async def logged_ack(self, event):
+        log.append(("ack", event.value))
+        return await ack(self, event)
+
+    monkeypatch.setattr(LedgerStream, "ack", logged_ack)
+    app = faust.App("batching-test", broker="kafka://localhost:1", Stream=LedgerStream, web_enabled=False,
+                    datadir=str(tmp_path))
+
+    async def scenario():
+        app.flow_control.resume()
+        channel = app.channel()
+        stream = channel.stream()
+        assert isinstance(stream, LedgerStream)
+
+        async def feed():
+            for i in range(10):
+                await channel.send(value=i)
+                await asyncio.sleep(0.004)
+
+        feeding = asyncio.ensure_future(feed())
+        taken = []
+        async for batch in stream.take_batches(3, lambda: 0.0):
+            values = [e.value for e in batch]
+            log.append(("body", values))
+            await asyncio.sleep(0.02)
+            log.append(("end", values))
+            taken += values
+            if len(taken) >= 10:
+                break
+        await feeding
+        await stream.stop()
+        return taken
+
+    taken = run(scenario())
+    assert taken == list(range(10))
+    bodies = [values for kind, values in log if kind == "body"]
+    assert all(1 <= len(values) <= 3 for values in bodies) and len(bodies) >= 4
+    for values in bodies:
+        end = log.index(("end", values))
+        acks = [i for i, entry in enumerate(log) if entry[0] == "ack" and entry[1] in values]
+        assert all(i > end for i in acks), f"a record of {values} was acked before its batch's body ended: {log}"
