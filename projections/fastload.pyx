@@ -7,9 +7,10 @@ a result with no holds whose key is new in the share, or a balance record with p
 string ASCII, every number in 64 bits. Rows go straight from the record's bytes to SQLite's prepared
 statements (no Python string, dict or tuple per row). A balance record is only read far enough to know it is
 well formed and whether it is its account's latest so far; the latest one's bytes are decoded once, when the
-Python loop is handed a record or the batch closes (`_settle`), not every one of the account's versions. Anything else (a record it cannot decode, an older schema, an out-of-order seq, links,
-a retried result, non-ASCII text) it leaves untouched and hands back to the Python loop, which is the source
-of truth; the loop takes that one record and calls back. So nothing it does not fully apply has been applied.
+Python loop is handed a record or the batch closes (`_settle`), not every one of the account's versions.
+Anything else (a record it cannot decode, an older schema, an out-of-order seq, links, a retried result,
+non-ASCII text) it leaves untouched and hands back to the Python loop, which is the source of truth; the loop
+takes that one record and calls back. So nothing it does not fully apply has been applied.
 """
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcmp, memcpy
