@@ -175,15 +175,10 @@ _lag: dict = {}
 
 
 def _observe_lag(events) -> None:
-    consumer = app.consumer
-    last = {}
-    for e in events:
-        last[e.message.tp] = e.message.offset
-    for tp, offset in last.items():
-        high = consumer.highwater(tp)
-        if high is not None:
-            _lag[tp] = max(0, high - offset - 1)
-            metrics.LAG.labels(str(tp.partition)).set(_lag[tp])
+    for tp in batching.observe_lag(app.consumer, events, _lag):  # revoked: another worker reports it now
+        metrics.LAG.remove(str(tp.partition))
+    for tp, lag in _lag.items():
+        metrics.LAG.labels(str(tp.partition)).set(lag)
     totals: dict[str, int] = {}
     for proc in engine.processors.values():
         for currency, posted in proc.clearing.items():

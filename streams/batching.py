@@ -36,6 +36,26 @@ def window(lag: int, behind: int, busy_s: float, idle_s: float) -> float:
     return busy_s if lag >= behind else idle_s
 
 
+def observe_lag(consumer: Any, events: list, lag: dict) -> list:
+    """Record in `lag`, per partition of these events that the consumer still owns, how many records lie between
+    the last of them and the partition's high watermark. A partition revoked while its batch was decided is
+    skipped: aiokafka's `highwater()` asserts that its partition is assigned, and that AssertionError, raised
+    after the batch committed, ended the worker. Returns the partitions dropped from `lag` as no longer owned."""
+    last = {}
+    for e in events:
+        last[e.message.tp] = e.message.offset
+    owned = consumer.assignment()
+    revoked = [tp for tp in lag if tp not in owned]
+    for tp in revoked:
+        del lag[tp]
+    for tp, offset in last.items():
+        if tp in owned:
+            high = consumer.highwater(tp)
+            if high is not None:
+                lag[tp] = max(0, high - offset - 1)
+    return revoked
+
+
 class LedgerStream(faust.Stream):
     """Faust's stream with one more way to take batches (the app's `Stream`, streams/app.py)."""
 

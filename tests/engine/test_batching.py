@@ -14,7 +14,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from streams.batching import LedgerStream, window
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from faust.types import TP
+
+from streams.batching import LedgerStream, observe_lag, window
 
 
 @dataclass(frozen=True)
@@ -218,3 +221,53 @@ def test_the_real_faust_stream_batches_and_acks_after_each_body(tmp_path, monkey
         end = log.index(("end", values))
         acks = [i for i, entry in enumerate(log) if entry[0] == "ack" and entry[1] in values]
         assert all(i > end for i in acks), f"a record of {values} was acked before its batch's body ended: {log}"
+
+
+class FaustConsumer:
+    """What the worker calls on Faust's aiokafka driver for the lag (`assignment`, `highwater`), passed through
+    to a real aiokafka consumer as the driver does (not started: assignment and high watermarks are local)."""
+
+    def __init__(self, consumer):
+        self.consumer = consumer
+
+    def assignment(self):
+        return {TP(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+
+    def highwater(self, tp):
+        return self.consumer.highwater(tp)
+
+
+@dataclass(frozen=True)
+class Message:
+    tp: TP
+    offset: int
+
+
+@dataclass(frozen=True)
+class Delivered:
+    message: Message
+
+
+def test_the_lag_skips_and_forgets_a_partition_revoked_while_its_batch_was_decided():
+    """aiokafka's highwater() asserts that its partition is assigned: called for a partition revoked while its
+    batch was decided, that assertion ended the worker after the batch had committed."""
+    async def scenario():
+        consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1")
+        try:
+            consumer.assign([TopicPartition("commands", 0), TopicPartition("commands", 1)])
+            for partition, high in ((0, 50), (1, 9)):  # as a fetch response sets them
+                consumer._subscription.subscription.assignment.state_value(
+                    TopicPartition("commands", partition)).highwater = high
+            lag: dict = {}
+            faust_side = FaustConsumer(consumer)
+            batch = [Delivered(Message(TP("commands", p), o)) for p, o in ((0, 10), (1, 3), (0, 19))]
+            first = (observe_lag(faust_side, batch, lag), dict(lag))
+            consumer.assign([TopicPartition("commands", 1)])  # partition 0 revoked during the next batch
+            second = (observe_lag(faust_side, batch, lag), dict(lag))
+            return first, second
+        finally:
+            await consumer.stop()
+
+    first, second = asyncio.run(scenario())
+    assert first == ([], {TP("commands", 0): 30, TP("commands", 1): 5})
+    assert second == ([TP("commands", 0)], {TP("commands", 1): 5})
