@@ -44,14 +44,17 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import hashlib
 import io
 import logging
 import os
 import pstats
+import random
 import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -64,6 +67,7 @@ os.environ.setdefault("LEDGER_ENGINE_KEY", "engine-core-bench key")  # no develo
 from schemas.codec import Codec, codec  # noqa: E402
 from streams import partition as partition_module  # noqa: E402
 from streams import placement, routing  # noqa: E402
+from streams import store as store_module  # noqa: E402
 from streams.config import Settings  # noqa: E402
 from streams.engine import CommandRecord, Engine  # noqa: E402
 from streams.seal import Seal  # noqa: E402
@@ -269,6 +273,29 @@ class Bench:
         self.run(self.records())
         self.drain()
 
+    random_ids = False  # command ids as clients often make them (UUIDs), not numbered: set by prefill
+
+    def command_id(self, kind: str, n: int) -> str:
+        return f"{kind}-{uuid.UUID(bytes=hashlib.md5(str(n).encode()).digest())}" if self.random_ids else f"{kind}-{n}"
+
+    def prefill(self, commands: int, value_bytes: int = 550) -> None:
+        """What a long-running worker's partitions hold: `commands` earlier commands' inbox entries in each (the
+        inbox keeps every command id, P4), under random command ids of this client and others, written in
+        batches as the engine writes them. Once they outgrow the memtables they are in SST files, where a new
+        command's look-ups (its inbox entry, its transaction's records: misses) read what RocksDB must read.
+        The transfers that follow take UUIDs for ids too: numbered ids would all fall after the UUIDs, into one
+        block that stays cached, and hide the cost of a miss."""
+        self.random_ids = True
+        rnd = random.Random(11)
+        clients = ["bench"] + [f"app-{i:02d}" for i in range(15)]
+        for p in range(PARTITIONS):
+            store = self.engine.processor(p).state.store
+            for first in range(0, commands, 5_000):
+                # About a redo record's size (550 bytes on average here) and, like one, partly compressible.
+                store.write({partition_module._inbox_key(rnd.choice(clients), f"t-{uuid.UUID(int=rnd.getrandbits(128))}")
+                             : rnd.randbytes(200) + bytes(value_bytes - 200)
+                             for _ in range(first, min(first + 5_000, commands))}, set())
+
     def transfers(self, start: int, count: int, in_flight: int) -> None:
         """count transfers, in_flight of them per engine batch (as a client with that many in flight)."""
         for first in range(start, start + count, in_flight):
@@ -276,10 +303,10 @@ class Bench:
                 debtor = f"user:c{n % self.users}:{CURRENCY}"
                 if self.chase:  # to an empty wallet, and at once a payment out of it
                     wallet = f"user:w{(n * 7 + 1) % self.users}:{CURRENCY}"
-                    self.send(_transfer(f"t-{n}", debtor, wallet, 1), debtor)
-                    self.send(_transfer(f"p-{n}", wallet, f"user:c{(n * 3 + 2) % self.users}:{CURRENCY}", 1), wallet)
+                    self.send(_transfer(self.command_id("t", n), debtor, wallet, 1), debtor)
+                    self.send(_transfer(self.command_id("p", n), wallet, f"user:c{(n * 3 + 2) % self.users}:{CURRENCY}", 1), wallet)
                     continue
-                self.send(_transfer(f"t-{n}", debtor, f"user:c{(n * 7 + 1) % self.users}:{CURRENCY}", 1), debtor)
+                self.send(_transfer(self.command_id("t", n), debtor, f"user:c{(n * 7 + 1) % self.users}:{CURRENCY}", 1), debtor)
             self.run(self.records())
             if self.chase:
                 self.longest_queue = max(self.longest_queue, self.waiting())
@@ -374,6 +401,9 @@ def main() -> None:
     parser.add_argument("--no-phases", action="store_true", help="skip the second run with phase timers")
     parser.add_argument("--chase", action="store_true",
                         help="each transfer to an empty wallet, chased at once by a payment out of it (see above)")
+    parser.add_argument("--history", type=int, default=0, metavar="N",
+                        help="first fill each partition with N earlier commands' inbox entries (a long-running "
+                             "worker's; LEDGER_ROCKSDB_BLOOM_BITS=0 measures it without Bloom filters)")
     parser.add_argument("--codec", choices=("generated", "fastavro"), default="generated",
                         help="the generated Avro codec (schemas/fastcodec.py) or fastavro's schemaless writer/reader")
     args = parser.parse_args()
@@ -382,6 +412,10 @@ def main() -> None:
         use_fastavro(codec())
     bench = Bench(args.users, args.per_record, args.chase)
     try:
+        if args.history:
+            began = time.monotonic()
+            bench.prefill(args.history)
+            print(f"{args.history:,} earlier inbox entries in each partition, written in {time.monotonic() - began:.1f} s")
         bench.setup()
         if args.profile:
             profiler = cProfile.Profile()
@@ -411,7 +445,8 @@ def main() -> None:
         bench.close()
     per = elapsed / decided * 1e6
     print(f"python {sys.version.split()[0]}, one process, RocksDB in a temporary directory, no Kafka; load average "
-          f"{os.getloadavg()[0]:.2f}")
+          f"{os.getloadavg()[0]:.2f}; Bloom filters: {store_module.BLOOM_BITS_PER_KEY:g} bits a key; "
+          f"{args.history:,} earlier commands per partition")
     print(f"codec: {args.codec}; {args.transfers:,} client transfers among {args.users:,} users, "
           f"{PARTITIONS} partitions, "
           f"{args.in_flight:,} per engine batch, {args.per_record} per CommandBatch record")

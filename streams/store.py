@@ -22,6 +22,11 @@ ROCKSDB_MEMORY_BYTES = int(os.environ.get("LEDGER_ROCKSDB_MEMORY_MB", "256")) <<
 # Per database; the shared budget's half for memtables flushes them sooner when reached. 8 MiB cost about 20% more
 # worker CPU per command than 32 in benchmarks/engine_core_bench.py (more flushes and compactions).
 MEMTABLE_BYTES = int(os.environ.get("LEDGER_ROCKSDB_MEMTABLE_MB", "32")) << 20
+# Bits per key of each SST file's Bloom filter (0: none). Most look-ups of a new command miss: its inbox entry, its
+# transaction's records. Without a filter a miss reads a data block of every level-0 file and of each deeper level
+# whose key range covers it, once the data has outgrown the memtables (the inbox keeps every command id, P4, so a
+# long-running worker's does). 10 bits: about 1% false positives, 1.25 bytes a key in the block cache.
+BLOOM_BITS_PER_KEY = float(os.environ.get("LEDGER_ROCKSDB_BLOOM_BITS", "10"))
 _budget: tuple[Cache, WriteBufferManager] | None = None
 
 
@@ -65,25 +70,34 @@ class MemoryStore:
         pass
 
 
+def _options() -> Options:
+    """A partition database's options, also those of the table files a snapshot writes (streams/snapshot.py), so
+    an ingested snapshot has the same Bloom filters as files RocksDB writes itself."""
+    options = Options(raw_mode=True)
+    if ROCKSDB_MEMORY_BYTES:  # 0: RocksDB's own defaults, per database (to compare against)
+        cache, memtables = _shared_budget()
+        table = BlockBasedOptions()
+        table.set_block_cache(cache)
+        # The SST files' index and filter blocks in the same cache, instead of held by each file's table
+        # reader outside it: they grow with the data on disk, which grows with history (the inbox keeps
+        # every command id, P4), so outside the cache they were a worker's memory that grew without bound
+        # (rocksdb.estimate-table-readers-mem; docs/engine.md, Memory). Level 0's, read by every lookup
+        # that misses the memtables, stay pinned while their file is in level 0.
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        if BLOOM_BITS_PER_KEY > 0:  # a full filter per file (not one per block); files without one still read
+            table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
+        options.set_block_based_table_factory(table)
+        options.set_write_buffer_manager(memtables)
+        options.set_write_buffer_size(MEMTABLE_BYTES)
+    return options
+
+
 class RocksStore:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
+        options = _options()
         options.create_if_missing(True)
-        if ROCKSDB_MEMORY_BYTES:  # 0: RocksDB's own defaults, per database (to compare against)
-            cache, memtables = _shared_budget()
-            table = BlockBasedOptions()
-            table.set_block_cache(cache)
-            # The SST files' index and filter blocks in the same cache, instead of held by each file's table
-            # reader outside it: they grow with the data on disk, which grows with history (the inbox keeps
-            # every command id, P4), so outside the cache they were a worker's memory that grew without bound
-            # (rocksdb.estimate-table-readers-mem; docs/engine.md, Memory). Level 0's, read by every lookup
-            # that misses the memtables, stay pinned while their file is in level 0.
-            table.set_cache_index_and_filter_blocks(True)
-            table.set_pin_l0_filter_and_index_blocks_in_cache(True)
-            options.set_block_based_table_factory(table)
-            options.set_write_buffer_manager(memtables)
-            options.set_write_buffer_size(MEMTABLE_BYTES)
         self._db = Rdict(str(path), options)
 
     def get(self, key: bytes) -> bytes | None:
@@ -119,7 +133,7 @@ class RocksStore:
             if key.startswith(skip):
                 continue
             if writer is None:
-                writer = SstFileWriter(Options(raw_mode=True))
+                writer = SstFileWriter(_options())
                 writer.open(str(path))
             writer[key] = value
             count += 1
