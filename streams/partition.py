@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+import msgspec
+
 from schemas.codec import DecodeError, codec
 from streams import core, limits, names, placement, routing
 from streams.due import DueIndex
@@ -110,19 +112,12 @@ def _expiry_key(hold: Hold) -> bytes:
     return f"x/{hold.expires_at_ms:020d}/".encode() + hold.id.encode()
 
 
-# One encoder and one decoder for every state record: json.dumps with arguments and json.loads of bytes make
-# or look up theirs on each call, a third of the cost of a small record. Same bytes, same values.
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-_DECODER = json.JSONDecoder()
-
-
-def _dumps(record: dict[str, Any]) -> bytes:
-    return _ENCODER.encode(record).encode()
-
-
-def _loads(raw: bytes) -> Any:
-    """A record this ledger wrote (compact JSON, ASCII: json's default escapes the rest)."""
-    return _DECODER.decode(raw.decode())
+# Every state record's JSON (compact, keys in insertion order): msgspec's, not the standard library's, which cost
+# about 8.6 µs to encode and 5.7 to decode a reservation record against 0.9 and 2.3 (docs/engine.md, "Throughput").
+# Same bytes as json.dumps(separators=(",", ":")) for ASCII text; other text is written as UTF-8, not \u escapes
+# (either reads back as the same values). Amounts may exceed 64 bits (a leg up to 2**127-1): msgspec keeps them.
+_dumps = msgspec.json.Encoder().encode
+_loads = msgspec.json.Decoder().decode
 
 
 class StoreFailure(RuntimeError):
