@@ -10,8 +10,8 @@ Why these numbers (docs/engine.md, "Trust boundary", has the full derivation):
   100,000 bytes of it for Kafka's framing and headers. ``connectors/admin.py`` creates the topics with the
   broker default, and the worker refuses to start against a topic configured below ``TOPIC_MIN_BYTES``.
 - Outputs. The largest record one decision writes is the redo record (StateChange) of the first step of a
-  multi-partition transaction: it holds the transaction as JSON, where ``json.dumps`` may write a byte of a
-  string as six (``\\u0001``). A command of at most ``MAX_COMMAND_BYTES`` encoded (32 KiB) therefore yields
+  multi-partition transaction: it holds the transaction as JSON, where a control character of a string takes
+  six bytes (``\\u0001``). A command of at most ``MAX_COMMAND_BYTES`` encoded (32 KiB) therefore yields
   at most ~200 KB there; results, history entries, balances and follow-up commands are smaller. The
   in-flight records of the two-phase protocol, which grow with the number of transactions in flight on an
   account, are capped separately (``IN_FLIGHT_RECORD_BYTES``: beyond it a reservation fails ``in_flight``).
