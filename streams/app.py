@@ -99,6 +99,9 @@ METRICS_HOST = os.environ.get("LEDGER_METRICS_HOST", "127.0.0.1")  # the address
 @app.on_partitions_revoked.connect
 async def on_revoked(sender, revoked, **kwargs) -> None:
     engine.invalidate()
+    for tp in revoked:  # their lag is another worker's to report now (a quiet worker would keep showing it)
+        if _lag.pop(tp, None) is not None:
+            metrics.LAG.remove(str(tp.partition))
 
 
 @app.on_partitions_assigned.connect

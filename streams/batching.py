@@ -39,21 +39,28 @@ def window(lag: int, behind: int, busy_s: float, idle_s: float) -> float:
 def observe_lag(consumer: Any, events: list, lag: dict) -> list:
     """Record in `lag`, per partition of these events that the consumer still owns, how many records lie between
     the last of them and the partition's high watermark. A partition revoked while its batch was decided is
-    skipped: aiokafka's `highwater()` asserts that its partition is assigned, and that AssertionError, raised
-    after the batch committed, ended the worker. Returns the partitions dropped from `lag` as no longer owned."""
+    dropped: aiokafka's `highwater()` asserts that its partition is assigned, and that AssertionError, raised
+    after the batch committed, ended the worker. Faust runs aiokafka's consumer in a thread of its own, which
+    may install a new assignment between the look at it and the read, so the assertion itself also counts as
+    revoked. Returns the partitions dropped from `lag`."""
     last = {}
     for e in events:
         last[e.message.tp] = e.message.offset
     owned = consumer.assignment()
     revoked = [tp for tp in lag if tp not in owned]
-    for tp in revoked:
-        del lag[tp]
     for tp, offset in last.items():
-        if tp in owned:
+        if tp not in owned:
+            continue
+        try:
             high = consumer.highwater(tp)
-            if high is not None:
-                lag[tp] = max(0, high - offset - 1)
-    return revoked
+        except AssertionError:  # revoked since the look at the assignment
+            revoked.append(tp)
+            continue
+        if high is not None:
+            lag[tp] = max(0, high - offset - 1)
+    for tp in dict.fromkeys(revoked):
+        lag.pop(tp, None)
+    return list(dict.fromkeys(revoked))
 
 
 class LedgerStream(faust.Stream):

@@ -114,8 +114,9 @@ def _expiry_key(hold: Hold) -> bytes:
 
 # Every state record's JSON (compact, keys in insertion order): msgspec's, not the standard library's, which cost
 # about 8.6 µs to encode and 5.7 to decode a reservation record against 0.9 and 2.3 (docs/engine.md, "Throughput").
-# Same bytes as json.dumps(separators=(",", ":")) for ASCII text; other text is written as UTF-8, not \u escapes
-# (either reads back as the same values). Amounts may exceed 64 bits (a leg up to 2**127-1): msgspec keeps them.
+# Same bytes as json.dumps(separators=(",", ":")) for printable ASCII text; other text is written as UTF-8, not
+# \u escapes (either reads back as the same values). Amounts may exceed 64 bits (a leg up to 2**127-1): msgspec
+# keeps them.
 _dumps = msgspec.json.Encoder().encode
 _loads = msgspec.json.Decoder().decode
 

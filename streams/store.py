@@ -25,7 +25,8 @@ MEMTABLE_BYTES = int(os.environ.get("LEDGER_ROCKSDB_MEMTABLE_MB", "32")) << 20
 # Bits per key of each SST file's Bloom filter (0: none). Most look-ups of a new command miss: its inbox entry, its
 # transaction's records. Without a filter a miss reads a data block of every level-0 file and of each deeper level
 # whose key range covers it, once the data has outgrown the memtables (the inbox keeps every command id, P4, so a
-# long-running worker's does). 10 bits: about 1% false positives, 1.25 bytes a key in the block cache.
+# long-running worker's does). 10 bits: about 1% false positives, 1.25 bytes a key in the block cache. With the
+# shared budget only: LEDGER_ROCKSDB_MEMORY_MB=0 keeps RocksDB's own defaults, which have no filter.
 BLOOM_BITS_PER_KEY = float(os.environ.get("LEDGER_ROCKSDB_BLOOM_BITS", "10"))
 _budget: tuple[Cache, WriteBufferManager] | None = None
 

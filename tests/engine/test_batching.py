@@ -271,3 +271,34 @@ def test_the_lag_skips_and_forgets_a_partition_revoked_while_its_batch_was_decid
     first, second = asyncio.run(scenario())
     assert first == ([], {TP("commands", 0): 30, TP("commands", 1): 5})
     assert second == ([TP("commands", 0)], {TP("commands", 1): 5})
+
+
+class ReassignedMeanwhile(FaustConsumer):
+    """Faust runs aiokafka's consumer in a thread of its own: the assignment may change between the look at it
+    and the read of a high watermark. Here it changes right after the look."""
+
+    def __init__(self, consumer, then):
+        super().__init__(consumer)
+        self.then = then
+
+    def assignment(self):
+        owned = super().assignment()
+        if self.then is not None:
+            self.consumer.assign(self.then)
+            self.then = None
+        return owned
+
+
+def test_the_lag_survives_a_partition_revoked_between_the_look_and_the_read():
+    async def scenario():
+        consumer = AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1")
+        try:
+            consumer.assign([TopicPartition("commands", 0), TopicPartition("commands", 1)])
+            lag = {TP("commands", 0): 7}
+            faust_side = ReassignedMeanwhile(consumer, then=[TopicPartition("commands", 1)])
+            batch = [Delivered(Message(TP("commands", p), 3)) for p in (0, 1)]
+            return observe_lag(faust_side, batch, lag), lag
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(scenario()) == ([TP("commands", 0)], {})
