@@ -52,28 +52,34 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def raw_ceiling(settings, count: int) -> float:
-    """Consume `count` command records and produce one record per input, as fast as librdkafka allows."""
+def raw_ceiling(settings, idle_s: float = 2.0) -> tuple[float, int]:
+    """(records/s, records) of a consume-and-produce loop over every record of the commands topic, one record
+    produced per input, as fast as librdkafka allows. It reads until nothing has come for idle_s (the time is
+    taken to the last record): the topic's end offsets cannot say how many records there are, since the
+    worker's follow-up commands are written there in Kafka transactions, whose commit markers take offsets no
+    consumer receives (counting offsets, this loop waited for ever)."""
     topic_in, topic_out = settings.topic("commands"), settings.topic("dlq")
     consumer = Consumer({**settings.kafka_config(), "group.id": f"raw-{uuid.uuid4()}", "enable.auto.commit": False,
                          "auto.offset.reset": "earliest"})
     producer = Producer({**settings.kafka_config(), "enable.idempotence": True, "linger.ms": 2,
                          "compression.type": "lz4"})
     consumer.subscribe([topic_in])
-    seen, start = 0, None
-    while seen < count:
-        for msg in consumer.consume(2000, timeout=0.5):
+    seen, start, last = 0, None, time.perf_counter()
+    while start is None or time.perf_counter() - last < idle_s:
+        for msg in consumer.consume(2000, timeout=0.2):
             if msg.error():
                 continue
             if start is None:
                 start = time.perf_counter()
             produce(producer, topic_out, msg.value(), msg.key(), partition=msg.partition())
             seen += 1
+            last = time.perf_counter()
         producer.poll(0)
+        if start is None and time.perf_counter() - last > 60:
+            raise RuntimeError(f"raw ceiling: no record of {topic_in} came within 60 s")
     producer.flush(60)
-    elapsed = time.perf_counter() - start
     consumer.close()
-    return seen / elapsed
+    return seen / max(last - start, 1e-6), seen
 
 
 def collect_latencies(settings, sent_at: dict[str, float], topic: str, stop: threading.Event,
@@ -115,15 +121,6 @@ def faust_ceiling(settings, records: int) -> float:
     if found:
         return float(found.group(1))
     raise RuntimeError(f"faust ceiling run failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-
-
-def command_records(settings) -> int:
-    consumer = Consumer({**settings.kafka_config(), "group.id": f"count-{uuid.uuid4()}"})
-    topic = settings.topic("commands")
-    total = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(settings.partitions))
-    consumer.close()
-    return total
 
 
 def throughput(client, gen, count: int, batch: int) -> tuple[float, float]:
@@ -262,8 +259,7 @@ def main() -> None:
         rss_start = [rss_mib(w.proc.pid) for w in workers]
 
         single_rate, single_sent = throughput(client, gen, args.count, 1)
-        records = command_records(settings)
-        ceiling = raw_ceiling(settings, records)
+        ceiling, records = raw_ceiling(settings)
         faust = faust_ceiling(settings, records)
         batched_rate, batched_sent = throughput(client, gen, args.count, args.batch)
         latencies = []
