@@ -193,6 +193,9 @@ def compare(count: int, batch: int, rate: float, seconds: float) -> list[str]:
             lines.append(f"  {name:34s} {single:6.0f} commands/s one per record, {batched:6.0f} batched; "
                          + "; ".join(x.strip() for x in lat[1:]))
             client.close()
+        except Exception as exc:  # noqa: BLE001 - one variant that cannot run (an old tree) ends only its own line
+            lines.append(f"  {name:34s} did not run: {type(exc).__name__}: {str(exc)[:160]} "
+                         f"(its worker's log: {worker.log_path})")
         finally:
             worker.stop()
             drop(settings)
