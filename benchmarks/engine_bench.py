@@ -10,9 +10,11 @@
    the saturated rate measured in 1. (one record per command, then batched every 20 ms; the goal of issue 15 is
    a p99 of at most 100 ms there) and at 300/s.
 4. Worker RSS at start and end.
-5. Transactions: the same throughput and latency runs (shorter) against a worker of BASELINE, the last commit
-   whose engine wrote without Kafka transactions (run from a git worktree), and against this tree with the
-   partitions' transactions committed one after another instead of concurrently (LEDGER_SERIAL_COMMITS=1).
+5. Transactions: the same throughput and latency runs (shorter) against this tree with the partitions'
+   transactions committed one after another instead of concurrently (LEDGER_SERIAL_COMMITS=1). (Until
+   2026-12-02 also against a worker of 504ff6d, the last commit without Kafka transactions, from a git
+   worktree; run with today's client it answered nothing within 120 s, not investigated further, so it was
+   dropped; its figures are in docs/engine.md, "With Kafka transactions".)
 """
 from __future__ import annotations
 
@@ -42,7 +44,6 @@ from connectors.scratch import bootstrap, drop, fresh_settings  # noqa: E402
 
 
 # The last commit whose engine produced outputs and changelog without Kafka transactions.
-BASELINE = "504ff6d"
 
 
 def rss_mib(pid: int) -> float:
@@ -163,19 +164,9 @@ def latency(settings, gen, client, rate: float, seconds: float, batch_ms: float)
     return "\n".join(lines)
 
 
-def worktree(ref: str) -> Path:
-    """A git worktree of ref (made once, reused)."""
-    path = Path(tempfile.gettempdir()) / f"ledger-bench-{ref}"
-    if not (path / "streams").is_dir():
-        subprocess.run(["git", "worktree", "add", "--detach", str(path), ref], cwd=ROOT, check=True,
-                       capture_output=True)
-    return path
-
-
 def compare(count: int, batch: int, rate: float, seconds: float) -> list[str]:
-    """The same short runs against: BASELINE (no transactions), serial commits, concurrent commits."""
-    variants = [(f"no transactions ({BASELINE})", worktree(BASELINE), {}),
-                ("transactions, serial commits", ROOT, {"LEDGER_SERIAL_COMMITS": "1"}),
+    """The same short runs against serial and concurrent commits of the partitions' transactions."""
+    variants = [("transactions, serial commits", ROOT, {"LEDGER_SERIAL_COMMITS": "1"}),
                 ("transactions, concurrent commits", ROOT, {})]
     lines = [f"transactions compared ({count} commands per throughput run; latency at {rate:.0f}/s, "
              f"one record per command):"]
