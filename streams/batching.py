@@ -47,20 +47,20 @@ def observe_lag(consumer: Any, events: list, lag: dict) -> list:
     for e in events:
         last[e.message.tp] = e.message.offset
     owned = consumer.assignment()
-    revoked = [tp for tp in lag if tp not in owned]
+    revoked = dict.fromkeys(tp for tp in lag if tp not in owned)
     for tp, offset in last.items():
         if tp not in owned:
             continue
         try:
             high = consumer.highwater(tp)
         except AssertionError:  # revoked since the look at the assignment
-            revoked.append(tp)
+            revoked[tp] = None
             continue
         if high is not None:
             lag[tp] = max(0, high - offset - 1)
-    for tp in dict.fromkeys(revoked):
+    for tp in revoked:
         lag.pop(tp, None)
-    return list(dict.fromkeys(revoked))
+    return list(revoked)
 
 
 class LedgerStream(faust.Stream):

@@ -3,8 +3,8 @@ participant's reservation ``r/<T>``, where T is the transaction's key ``client_i
 
 Both are engine records: JSON written in the StateChange of the step that changes them, so they are read back
 after a crash or a rebuild exactly as written. Their JSON keeps its field order (a dict's insertion order, which
-the state records' encoder keeps, streams/partition.py): the same log gives byte-identical changelogs (P7). Records written before a field existed
-read as the code that wrote them meant (see each from_json).
+the state records' encoder keeps, streams/partition.py): the same log gives byte-identical changelogs (P7).
+Records written before a field existed read as the code that wrote them meant (see each from_json).
 """
 from __future__ import annotations
 
