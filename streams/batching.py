@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any, AsyncIterator, Callable
 
 import faust
@@ -29,11 +30,18 @@ log = logging.getLogger("ledger.worker")
 IDLE_RECHECK_S = 1.0  # how often an idle take looks whether the stream is stopping
 
 
-def window(lag: int, behind: int, busy_s: float, idle_s: float) -> float:
-    """The wait for more records once a batch has its first: busy_s while the worker is `behind` records or
-    more behind the ends of its partitions (its batches fill, each Kafka transaction carries many commands),
-    else idle_s (a command is decided almost as soon as it arrives)."""
-    return busy_s if lag >= behind else idle_s
+def window(lag: int, behind: int, busy_s: float, idle_s: float, age_s: float = 0.0,
+           late_s: float = math.inf) -> float:
+    """The wait for more records once a batch has its first: busy_s while the worker is behind (its batches
+    fill, each Kafka transaction carries many commands), else idle_s (a command is decided almost as soon as
+    it arrives). Behind: `behind` records or more behind the ends of its partitions, or the batch's first
+    record written `late_s` or more ago (`age_s`). A record carries one command or a CommandBatch of many, so
+    a lag counted in records alone let batched traffic at half the worker's rate pile up hundreds of commands
+    behind batches of one record each, a Kafka transaction apiece, and never catch up (docs/engine.md,
+    "Latency"). The age is taken against the record's timestamp, which its producer's clock set: a clock
+    ahead of the worker's hides the age (the lag in records still counts), one behind only makes the worker
+    wait busy_s more per batch."""
+    return busy_s if lag >= behind or age_s >= late_s else idle_s
 
 
 def observe_lag(consumer: Any, events: list, lag: dict) -> list:
@@ -66,9 +74,9 @@ def observe_lag(consumer: Any, events: list, lag: dict) -> list:
 class LedgerStream(faust.Stream):
     """Faust's stream with one more way to take batches (the app's `Stream`, streams/app.py)."""
 
-    async def take_batches(self, max_: int, window: Callable[[], float]) -> AsyncIterator[list]:
-        """Yield lists of up to max_ events: once the first of a batch is buffered, wait up to window() seconds
-        (asked then) for more, or until max_ are buffered. The events of a batch are acked when its body ends,
+    async def take_batches(self, max_: int, window: Callable[[Any], float]) -> AsyncIterator[list]:
+        """Yield lists of up to max_ events: once the first of a batch is buffered, wait up to window(first)
+        seconds (asked then, with that first event) for more, or until max_ are buffered. The events of a batch are acked when its body ends,
         never before (as with Stream.take_events, also when the body raises: the worker exits before that,
         streams/app.py)."""
         events: list = []
@@ -110,7 +118,7 @@ class LedgerStream(faust.Stream):
                     if not events:
                         continue
                 try:
-                    wait_s = window()
+                    wait_s = window(events[0])
                 except Exception:  # noqa: BLE001 - never let it end the take: its finally would ack undone work
                     log.exception("could not choose the wait for more records; taking what is here")
                     wait_s = 0.0
