@@ -76,9 +76,9 @@ class LedgerStream(faust.Stream):
 
     async def take_batches(self, max_: int, window: Callable[[Any], float]) -> AsyncIterator[list]:
         """Yield lists of up to max_ events: once the first of a batch is buffered, wait up to window(first)
-        seconds (asked then, with that first event) for more, or until max_ are buffered. The events of a batch are acked when its body ends,
-        never before (as with Stream.take_events, also when the body raises: the worker exits before that,
-        streams/app.py)."""
+        seconds (asked then, with that first event) for more, or until max_ are buffered. The events of a
+        batch are acked when its body ends, never before (as with Stream.take_events, also when the body
+        raises: the worker exits before that, streams/app.py)."""
         events: list = []
         full, consumed, arrived = asyncio.Event(), asyncio.Event(), asyncio.Event()
         consuming: asyncio.Future | None = None  # set while the caller works on a batch: nothing joins it then
