@@ -198,7 +198,7 @@ async def ledger_worker(stream):
         owned = app.consumer.assignment()
         behind = sum(lag for tp, lag in _lag.items() if lag > 2 and tp in owned)
         return batching.window(behind, config.BATCH_BEHIND, config.BATCH_WINDOW_S, config.BATCH_WINDOW_IDLE_S,
-                               age_s=time.time() - first.message.timestamp, late_s=config.BATCH_LATE_S)
+                               age_s=batching.client_age_s(first.message, time.time()), late_s=config.BATCH_LATE_S)
 
     async for events in stream.take_batches(config.BATCH_MAX, wait_for_more):
         records = [

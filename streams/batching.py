@@ -25,6 +25,8 @@ import faust
 from mode.utils.aiter import aiter
 from mode.utils.futures import notify
 
+from streams import seal
+
 log = logging.getLogger("ledger.worker")
 
 IDLE_RECHECK_S = 1.0  # how often an idle take looks whether the stream is stopping
@@ -38,10 +40,25 @@ def window(lag: int, behind: int, busy_s: float, idle_s: float, age_s: float = 0
     record written `late_s` or more ago (`age_s`). A record carries one command or a CommandBatch of many, so
     a lag counted in records alone let batched traffic at half the worker's rate pile up hundreds of commands
     behind batches of one record each, a Kafka transaction apiece, and never catch up (docs/engine.md,
-    "Latency"). The age is taken against the record's timestamp, which its producer's clock set: a clock
-    ahead of the worker's hides the age (the lag in records still counts), one behind only makes the worker
-    wait busy_s more per batch."""
+    "Latency"); `client_age_s` says how old a record is."""
     return busy_s if lag >= behind or age_s >= late_s else idle_s
+
+
+def client_age_s(message: Any, now_s: float) -> float:
+    """How long ago a client wrote this record, by its Kafka timestamp (seconds); 0 for an engine follow-up
+    and for a record without a usable timestamp. A follow-up (it carries the engine's seal header, whether
+    or not the seal verifies) is stamped with the log time of the command that caused it (P7), so its age is
+    that of the whole transaction across partitions, not the time it has waited for this worker: counted, it
+    made every later hop of a transfer look late. A client's clock sets its records' timestamps: one ahead of
+    the worker's hides the age (the lag in records still counts); one behind, or a producer that backdates
+    on purpose, makes the batches its records start wait busy_s more, as traffic that keeps the worker behind
+    does."""
+    if seal.single_header(message.headers, seal.HEADER) is not None:
+        return 0.0
+    written = message.timestamp
+    if not isinstance(written, (int, float)) or written <= 0:  # none (an old record format), or -1
+        return 0.0
+    return now_s - written
 
 
 def observe_lag(consumer: Any, events: list, lag: dict) -> list:

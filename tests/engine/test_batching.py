@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.types import TP
 
-from streams.batching import LedgerStream, observe_lag, window
+from streams import seal
+from streams.batching import LedgerStream, client_age_s, observe_lag, window
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,20 @@ def test_a_batch_whose_first_record_is_late_waits_for_more_too(lag, age_s, expec
     """A few CommandBatch records can hold hundreds of commands: behind by age, with a lag of a few records.
     A record from a clock ahead of the worker's (a negative age) leaves the lag in records to judge."""
     assert window(lag, behind=100, busy_s=0.02, idle_s=0.002, age_s=age_s, late_s=0.1) == expected
+
+
+@pytest.mark.parametrize("headers, timestamp, expected", [
+    (None, 990.0, 10.0),                                   # a client's record, 10 s old
+    ([("x-trace", b"1")], 999.95, 0.05),                    # other headers do not matter
+    ([(seal.HEADER, b"tag")], 990.0, 0.0),                  # an engine follow-up: stamped with its cause's time
+    ({seal.HEADER: b"tag"}, 990.0, 0.0),                    # headers as a mapping
+    ([(seal.HEADER, b"a"), (seal.HEADER, b"b")], 990.0, 10.0),  # two seals: no seal (refused as unsealed)
+    (None, None, 0.0),                                      # no timestamp (an old record format)
+    (None, -0.001, 0.0),                                    # -1 ms: none either
+])
+def test_the_age_is_a_clients_record_by_its_timestamp(headers, timestamp, expected):
+    message = SimpleNamespace(headers=headers, timestamp=timestamp)
+    assert client_age_s(message, now_s=1000.0) == pytest.approx(expected)
 
 
 def test_the_real_faust_stream_batches_and_acks_after_each_body(tmp_path, monkeypatch):
