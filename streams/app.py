@@ -192,13 +192,12 @@ def _observe_lag(events) -> None:
 
 @app.agent(commands, concurrency=1)
 async def ledger_worker(stream):
-    def wait_for_more(first) -> float:  # longer only while behind (streams/batching.py says why)
+    def wait_for_more() -> float:  # longer only while behind (streams/batching.py says why)
         # A partition counts when more than a couple of records behind: the high watermark the lag is taken from
         # includes the commit marker of its last transaction (an offset no record is read at).
         owned = app.consumer.assignment()
         behind = sum(lag for tp, lag in _lag.items() if lag > 2 and tp in owned)
-        return batching.window(behind, config.BATCH_BEHIND, config.BATCH_WINDOW_S, config.BATCH_WINDOW_IDLE_S,
-                               age_s=batching.client_age_s(first.message, time.time()), late_s=config.BATCH_LATE_S)
+        return batching.window(behind, config.BATCH_BEHIND, config.BATCH_WINDOW_S, config.BATCH_WINDOW_IDLE_S)
 
     async for events in stream.take_batches(config.BATCH_MAX, wait_for_more):
         records = [

@@ -18,47 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from typing import Any, AsyncIterator, Callable
 
 import faust
 from mode.utils.aiter import aiter
 from mode.utils.futures import notify
 
-from streams import seal
-
 log = logging.getLogger("ledger.worker")
 
 IDLE_RECHECK_S = 1.0  # how often an idle take looks whether the stream is stopping
 
 
-def window(lag: int, behind: int, busy_s: float, idle_s: float, age_s: float = 0.0,
-           late_s: float = math.inf) -> float:
-    """The wait for more records once a batch has its first: busy_s while the worker is behind (its batches
-    fill, each Kafka transaction carries many commands), else idle_s (a command is decided almost as soon as
-    it arrives). Behind: `behind` records or more behind the ends of its partitions, or the batch's first
-    record written `late_s` or more ago (`age_s`). A record carries one command or a CommandBatch of many, so
-    a lag counted in records alone let batched traffic at half the worker's rate pile up hundreds of commands
-    behind batches of one record each, a Kafka transaction apiece, and never catch up (docs/engine.md,
-    "Latency"); `client_age_s` says how old a record is."""
-    return busy_s if lag >= behind or age_s >= late_s else idle_s
-
-
-def client_age_s(message: Any, now_s: float) -> float:
-    """How long ago a client wrote this record, by its Kafka timestamp (seconds); 0 for an engine follow-up
-    and for a record without a usable timestamp. A follow-up (it carries the engine's seal header, whether
-    or not the seal verifies) is stamped with the log time of the command that caused it (P7), so its age is
-    that of the whole transaction across partitions, not the time it has waited for this worker: counted, it
-    made every later hop of a transfer look late. A client's clock sets its records' timestamps: one ahead of
-    the worker's hides the age (the lag in records still counts); one behind, or a producer that backdates
-    on purpose, makes the batches its records start wait busy_s more, as traffic that keeps the worker behind
-    does."""
-    if seal.single_header(message.headers, seal.HEADER) is not None:
-        return 0.0
-    written = message.timestamp
-    if not isinstance(written, (int, float)) or written <= 0:  # none (an old record format), or -1
-        return 0.0
-    return now_s - written
+def window(lag: int, behind: int, busy_s: float, idle_s: float) -> float:
+    """The wait for more records once a batch has its first: busy_s while the worker is `behind` records or
+    more behind the ends of its partitions (its batches fill, each Kafka transaction carries many commands),
+    else idle_s (a command is decided almost as soon as it arrives)."""
+    return busy_s if lag >= behind else idle_s
 
 
 def observe_lag(consumer: Any, events: list, lag: dict) -> list:
@@ -91,11 +66,11 @@ def observe_lag(consumer: Any, events: list, lag: dict) -> list:
 class LedgerStream(faust.Stream):
     """Faust's stream with one more way to take batches (the app's `Stream`, streams/app.py)."""
 
-    async def take_batches(self, max_: int, window: Callable[[Any], float]) -> AsyncIterator[list]:
-        """Yield lists of up to max_ events: once the first of a batch is buffered, wait up to window(first)
-        seconds (asked then, with that first event) for more, or until max_ are buffered. The events of a
-        batch are acked when its body ends, never before (as with Stream.take_events, also when the body
-        raises: the worker exits before that, streams/app.py)."""
+    async def take_batches(self, max_: int, window: Callable[[], float]) -> AsyncIterator[list]:
+        """Yield lists of up to max_ events: once the first of a batch is buffered, wait up to window() seconds
+        (asked then) for more, or until max_ are buffered. The events of a batch are acked when its body ends,
+        never before (as with Stream.take_events, also when the body raises: the worker exits before that,
+        streams/app.py)."""
         events: list = []
         full, consumed, arrived = asyncio.Event(), asyncio.Event(), asyncio.Event()
         consuming: asyncio.Future | None = None  # set while the caller works on a batch: nothing joins it then
@@ -135,7 +110,7 @@ class LedgerStream(faust.Stream):
                     if not events:
                         continue
                 try:
-                    wait_s = window(events[0])
+                    wait_s = window()
                 except Exception:  # noqa: BLE001 - never let it end the take: its finally would ack undone work
                     log.exception("could not choose the wait for more records; taking what is here")
                     wait_s = 0.0

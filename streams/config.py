@@ -22,14 +22,12 @@ KAFKA_LOG = logging.getLogger("ledger.kafka")
 TOPIC_NAMES = ("commands", "results", "balances", "history", "dlq", "changelog", "snapshots")
 # How a worker takes command records from its Faust stream (streams/batching.py): at most BATCH_MAX per batch;
 # once a batch has its first record, waiting at most BATCH_WINDOW_S for more while the worker is BATCH_BEHIND
-# records or more behind its partitions' ends or that first record was written BATCH_LATE_S or more ago, else
-# BATCH_WINDOW_IDLE_S (docs/engine.md, "Latency").
+# records or more behind its partitions' ends, else BATCH_WINDOW_IDLE_S (docs/engine.md, "Latency").
 # (benchmarks/faust_ceiling.py takes records with Faust's take_events and BATCH_WINDOW_S.)
 BATCH_MAX = int(os.environ.get("LEDGER_BATCH_MAX", "2000"))
 BATCH_WINDOW_S = float(os.environ.get("LEDGER_BATCH_WINDOW_S", "0.02"))
 BATCH_WINDOW_IDLE_S = float(os.environ.get("LEDGER_BATCH_WINDOW_IDLE_S", "0.002"))
 BATCH_BEHIND = int(os.environ.get("LEDGER_BATCH_BEHIND", "100"))
-BATCH_LATE_S = float(os.environ.get("LEDGER_BATCH_LATE_S", "0.1"))
 
 # How long a worker's Kafka clients wait for one broker's answer before they drop that connection and retry,
 # by then at the partition's new leader or the group's new coordinator (docs/reliability.md). A broker that

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.types import TP
 
-from streams import seal
-from streams.batching import LedgerStream, client_age_s, observe_lag, window
+from streams.batching import LedgerStream, observe_lag, window
 
 
 @dataclass(frozen=True)
@@ -81,8 +79,8 @@ def test_batches_hold_at_most_max_and_are_acked_only_after_their_body():
     async def scenario():
         stream, asked, seen = Stream(), [], []
 
-        def wait(first) -> float:
-            asked.append((len(seen), first.value))
+        def wait() -> float:
+            asked.append(len(seen))
             return 60.0  # only a full batch ends the wait here
 
         batches = LedgerStream.take_batches(stream, 3, wait)
@@ -102,7 +100,7 @@ def test_batches_hold_at_most_max_and_are_acked_only_after_their_body():
 
     seen, asked, stream = run(scenario())
     assert seen == [[0, 1, 2], [3, 4, 5]]
-    assert asked == [(0, 0), (1, 3)]  # asked once per batch, before it, with its first record
+    assert asked == [0, 1]  # asked once per batch, before it
     assert stream.acked == [0, 1, 2, 3, 4, 5]  # the second batch's body ended with aclose
     assert stream.enable_acks is True and stream._processors == []  # the stream as it was
 
@@ -110,7 +108,7 @@ def test_batches_hold_at_most_max_and_are_acked_only_after_their_body():
 def test_a_record_arriving_during_the_body_joins_the_next_batch():
     async def scenario():
         stream = Stream()
-        batches = LedgerStream.take_batches(stream, 10, lambda first: 0.0)
+        batches = LedgerStream.take_batches(stream, 10, lambda: 0.0)
         first_delivery = asyncio.ensure_future(stream.deliver(1))
         first = await batches.__anext__()
         await first_delivery
@@ -128,7 +126,7 @@ def test_a_record_arriving_during_the_body_joins_the_next_batch():
 def test_a_lone_record_is_not_held_for_a_batch_when_the_wait_is_zero():
     async def scenario():
         stream = Stream()
-        batches = LedgerStream.take_batches(stream, 1000, lambda first: 0.0)
+        batches = LedgerStream.take_batches(stream, 1000, lambda: 0.0)
         asyncio.ensure_future(stream.deliver(7))
         return [e.value for e in await batches.__anext__()]
 
@@ -138,7 +136,7 @@ def test_a_lone_record_is_not_held_for_a_batch_when_the_wait_is_zero():
 def test_a_failure_adding_a_record_crashes_the_stream():
     async def scenario():
         stream = Stream()
-        batches = LedgerStream.take_batches(stream, 10, lambda first: 0.0)
+        batches = LedgerStream.take_batches(stream, 10, lambda: 0.0)
         pending = asyncio.ensure_future(batches.__anext__())
         await asyncio.sleep(0)
         stream.current_event = None
@@ -152,7 +150,7 @@ def test_a_failure_adding_a_record_crashes_the_stream():
 
 
 def test_a_wait_that_cannot_be_chosen_takes_what_is_there_and_goes_on():
-    def broken(first) -> float:
+    def broken() -> float:
         raise KeyError("lag")
 
     async def scenario():
@@ -171,28 +169,6 @@ def test_a_wait_that_cannot_be_chosen_takes_what_is_there_and_goes_on():
 @pytest.mark.parametrize("lag, expected", [(0, 0.002), (99, 0.002), (100, 0.02), (5000, 0.02)])
 def test_the_worker_waits_for_more_only_while_behind(lag, expected):
     assert window(lag, behind=100, busy_s=0.02, idle_s=0.002) == expected
-
-
-@pytest.mark.parametrize("lag, age_s, expected", [(0, 0.0, 0.002), (3, 0.099, 0.002), (3, 0.1, 0.02),
-                                                  (0, 7.5, 0.02), (100, 0.0, 0.02), (0, -3.0, 0.002)])
-def test_a_batch_whose_first_record_is_late_waits_for_more_too(lag, age_s, expected):
-    """A few CommandBatch records can hold hundreds of commands: behind by age, with a lag of a few records.
-    A record from a clock ahead of the worker's (a negative age) leaves the lag in records to judge."""
-    assert window(lag, behind=100, busy_s=0.02, idle_s=0.002, age_s=age_s, late_s=0.1) == expected
-
-
-@pytest.mark.parametrize("headers, timestamp, expected", [
-    (None, 990.0, 10.0),                                   # a client's record, 10 s old
-    ([("x-trace", b"1")], 999.95, 0.05),                    # other headers do not matter
-    ([(seal.HEADER, b"tag")], 990.0, 0.0),                  # an engine follow-up: stamped with its cause's time
-    ({seal.HEADER: b"tag"}, 990.0, 0.0),                    # headers as a mapping
-    ([(seal.HEADER, b"a"), (seal.HEADER, b"b")], 990.0, 10.0),  # two seals: no seal (refused as unsealed)
-    (None, None, 0.0),                                      # no timestamp (an old record format)
-    (None, -0.001, 0.0),                                    # -1 ms: none either
-])
-def test_the_age_is_a_clients_record_by_its_timestamp(headers, timestamp, expected):
-    message = SimpleNamespace(headers=headers, timestamp=timestamp)
-    assert client_age_s(message, now_s=1000.0) == pytest.approx(expected)
 
 
 def test_the_real_faust_stream_batches_and_acks_after_each_body(tmp_path, monkeypatch):
@@ -225,7 +201,7 @@ def test_the_real_faust_stream_batches_and_acks_after_each_body(tmp_path, monkey
 
         feeding = asyncio.ensure_future(feed())
         taken = []
-        async for batch in stream.take_batches(3, lambda first: 0.0):
+        async for batch in stream.take_batches(3, lambda: 0.0):
             values = [e.value for e in batch]
             log.append(("body", values))
             await asyncio.sleep(0.02)
