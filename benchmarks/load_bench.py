@@ -8,9 +8,9 @@ confluent-kafka's Consumer that returns them in batches as `consume()` would. Th
 file. Variants, alternated round by round so the machine's swings fall on each alike: the common records taken
 by the loader's fast path in C (projections/fastload.py), or every record by its Python loop with the decoders
 compiled to C (schemas/cdecode.py) or with the generated Python ones. Printed: CPU µs per record
-(time.process_time) and records/s of CPU. (The cyclic garbage collector switched off while loading made no
-difference here: 8.61 against 8.81 µs with the compiled decoders, 15.04 against 14.73 with the Python ones,
-150,000 records; it stays on.) Its stand-in for the consumer is its own: a benchmark imports nothing of tests/.
+(time.process_time) and records/s of CPU. The loader switches the cyclic garbage collector off while it
+loads (docs/read-side.md), so every variant here runs without it. Its stand-in for the consumer is its own: a
+benchmark imports nothing of tests/.
 """
 from __future__ import annotations
 
