@@ -213,11 +213,13 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
     # with that header is decoded here directly; any other (an older version, a foreign or corrupt one)
     # goes through codec.decode, which resolves it or says why not.
     fast = {settings.topic(t): (t, c.header(SCHEMA_OF[t]), c.body_decoder(SCHEMA_OF[t])) for t in SCHEMA_OF}
-    consumer = Consumer({**settings.kafka_config(), "group.id": f"replay-{uuid.uuid4()}", "enable.auto.commit": False,
-                         "enable.auto.offset.store": False, "isolation.level": "read_committed",
-                         "fetch.max.bytes": 64 * 1024 * 1024, "queued.max.messages.kbytes": 256 * 1024})
+    client_id = f"ledger-replay-{uuid.uuid4()}"  # unique: fastload.reader checks the handle by it
+    consumer = Consumer({**settings.kafka_config(), "group.id": client_id, "client.id": client_id,
+                         "enable.auto.commit": False, "enable.auto.offset.store": False,
+                         "isolation.level": "read_committed", "fetch.max.bytes": 64 * 1024 * 1024,
+                         "queued.max.messages.kbytes": 256 * 1024})
     remaining = {k: until for k, (start, until) in keys.items() if until > start}
-    fast_path = None
+    fast_path = reader = None
     # No cyclic garbage collection while loading: every consume() allocates its batch of messages (objects the
     # collector tracks), which set off a collection every 700 of them, and the older generations' collections
     # walk everything the process holds. A profile of a rebuild put 8% of the loaders' CPU there; with the
@@ -228,9 +230,6 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
     collecting = gc.isenabled()
     try:
         gc.disable()
-        if remaining:
-            consumer.assign([TopicPartition(settings.topic(t), p, keys[(t, p)][0]) for t, p in remaining])
-        mark("consumer created and assigned")
         first = True
         seen: dict[str, list] = {}  # account -> [seq ranges, its prefix folds by time (fold.Tail)]
         refold = out.refold
@@ -242,8 +241,14 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         # serves); the loop below takes each record it hands back, and every record when it does not serve.
         fast_path = fastload.batch(sink.conn if isinstance(sink, SqliteSink) else None, c, names, remaining,
                                    offsets, seen, refold, result_keys, balances)
+        if remaining:
+            # With the fast path, the records are read in C as well (before the partitions are assigned).
+            reader = fastload.reader(consumer, client_id, [(settings.topic(t), p) for t, p in remaining]) \
+                if fast_path is not None else None
+            consumer.assign([TopicPartition(settings.topic(t), p, keys[(t, p)][0]) for t, p in remaining])
+        mark("consumer created and assigned")
         done = skipped = 0
-        waited = 0.0  # in consume(): fetching, or this process waiting for a core
+        waited = 0.0  # reading records: fetching, or this process waiting for a core
         while remaining:
             history_rows, result_rows, links = [], [], []
             asked = time.perf_counter()
@@ -251,16 +256,21 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             # cost every loader 0.5 s at its end. (Transaction markers take offsets, so `left` can be
             # more than the records left: then the short timeout bounds the wait.)
             left = sum(until - offsets.get(k, keys[k][0]) for k, until in remaining.items())
-            messages = consumer.consume(max(1, min(CONSUME_BATCH, left)), timeout=0.1)
+            if reader is not None:  # read and applied in C; `messages`: those it left to this loop
+                count, messages = fast_path.drain(reader, max(1, min(CONSUME_BATCH, left)), 100, history_rows,
+                                                  result_rows)
+            else:
+                messages = consumer.consume(max(1, min(CONSUME_BATCH, left)), timeout=0.1)
+                count = len(messages)
             waited += time.perf_counter() - asked
-            if first and messages:
+            if first and count:
                 mark("first records")
                 first = False
-            i, count = 0, len(messages)
-            while i < count:
+            i, handed = 0, len(messages)
+            while i < handed:
                 if fast_path is not None:
                     i = fast_path.run(messages, i, history_rows, result_rows)
-                    if i == count:
+                    if i == handed:
                         break
                 msg = messages[i]
                 i += 1
@@ -346,7 +356,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                 sink.links(links)
             if result_rows:
                 sink.results(result_rows)
-            done += len(messages)
+            done += count
             progress(done)
             if out.skipped != skipped:
                 skipped = out.skipped
@@ -354,7 +364,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             # Done with a partition at its end offset, or when only control records (transaction markers)
             # are left before it: the consumer's position says so.
             finished = [k for k, until in remaining.items() if offsets.get(k, 0) >= until]
-            if not messages or len(finished) < len(remaining):
+            if not count or len(finished) < len(remaining):
                 positions = consumer.position([TopicPartition(settings.topic(t), p) for t, p in remaining])
                 finished += [(names[tp.topic], tp.partition) for tp in positions
                              if tp.offset >= remaining[(names[tp.topic], tp.partition)]]
@@ -366,8 +376,9 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         if fast_path is not None:
             out.applied += fast_path.applied
             fast_path.close()  # its statements, before the connection commits and closes
-        mark(f"{out.applied} records consumed and written, {waited:.2f} s of it in consume()"
-             + (" (the common ones in C)" if fast_path is not None else ""))
+        mark(f"{out.applied} records consumed and written, {waited:.2f} s of it reading"
+             + (" (the common ones in C" + (", read in C too)" if reader is not None else ")")
+                if fast_path is not None else ""))
         sink.finish(late_results, refold, indexes)
         mark(f"committed, {len(refold)} accounts refolded" + (f", indexes of {', '.join(_tables(keys))} built"
                                                                if indexes else ""))
@@ -377,6 +388,8 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             gc.enable()
         if fast_path is not None:  # its statements, whatever happened, before the sink closes the connection
             fast_path.close()
+        if reader is not None:  # its queue, before the consumer's handle goes
+            reader.close()
         consumer.close()
 
 

@@ -12,10 +12,10 @@ Anything else (a record it cannot decode, an older schema, an out-of-order seq, 
 non-ASCII text) it leaves untouched and hands back to the Python loop, which is the source of truth; the loop
 takes that one record and calls back. So nothing it does not fully apply has been applied.
 """
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcmp, memcpy
 from libc.stdio cimport snprintf
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from cpython.object cimport PyObject_Hash
 
@@ -83,6 +83,172 @@ cdef extern from *:
     int sq_add(long long a, long long b, long long* r)
     int SQ_OK
     int SQ_DONE
+
+
+cdef extern from *:
+    """
+    typedef struct rd_kafka_s rd_kafka_t;
+    typedef struct rd_kafka_queue_s rd_kafka_queue_t;
+    typedef struct rd_kafka_topic_s rd_kafka_topic_t;
+    /* librdkafka's message as rdkafka.h declares it (public: part of the library's ABI) */
+    typedef struct rd_kafka_message_s {
+        int err;
+        rd_kafka_topic_t *rkt;
+        int32_t partition;
+        void *payload;
+        size_t len;
+        void *key;
+        size_t key_len;
+        int64_t offset;
+        void *_private;
+    } rd_kafka_message_t;
+    /* The few functions of librdkafka used here, from the library confluent-kafka has loaded (as SQLite's). */
+    static struct {
+        const char* (*name)(const rd_kafka_t*);
+        int (*type)(const rd_kafka_t*);
+        rd_kafka_queue_t* (*queue_new)(rd_kafka_t*);
+        rd_kafka_queue_t* (*partition_queue)(rd_kafka_t*, const char*, int32_t);
+        void (*forward)(rd_kafka_queue_t*, rd_kafka_queue_t*);
+        void (*queue_destroy)(rd_kafka_queue_t*);
+        long (*consume_batch)(rd_kafka_queue_t*, int, rd_kafka_message_t**, size_t);
+        void (*message_destroy)(rd_kafka_message_t*);
+        const char* (*topic_name)(const rd_kafka_topic_t*);
+        const char* (*err2str)(int);
+    } RK;
+    static int rk_bind(const char* path) {
+        void* h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+        if (!h) return -1;
+        *(void**)&RK.name = dlsym(h, "rd_kafka_name");
+        *(void**)&RK.type = dlsym(h, "rd_kafka_type");
+        *(void**)&RK.queue_new = dlsym(h, "rd_kafka_queue_new");
+        *(void**)&RK.partition_queue = dlsym(h, "rd_kafka_queue_get_partition");
+        *(void**)&RK.forward = dlsym(h, "rd_kafka_queue_forward");
+        *(void**)&RK.queue_destroy = dlsym(h, "rd_kafka_queue_destroy");
+        *(void**)&RK.consume_batch = dlsym(h, "rd_kafka_consume_batch_queue");
+        *(void**)&RK.message_destroy = dlsym(h, "rd_kafka_message_destroy");
+        *(void**)&RK.topic_name = dlsym(h, "rd_kafka_topic_name");
+        *(void**)&RK.err2str = dlsym(h, "rd_kafka_err2str");
+        dlclose(h);  /* confluent-kafka keeps the library loaded */
+        return (RK.name && RK.type && RK.queue_new && RK.partition_queue && RK.forward && RK.queue_destroy
+                && RK.consume_batch && RK.message_destroy && RK.topic_name && RK.err2str) ? 0 : -1;
+    }
+    /* confluent-kafka's clients begin with their librdkafka handle (Handle in its confluent_kafka.h, the same
+       since 2016); fastload.py checks the handle's name against the client.id the consumer was given first. */
+    typedef struct { PyObject_HEAD rd_kafka_t* rk; } rk_client;
+    static rd_kafka_t* rk_handle(PyObject* c) { return ((rk_client*)c)->rk; }
+    #define RK_CONSUMER 1
+    #define RK_BATCH 10000
+    """
+    ctypedef struct rd_kafka_t
+    ctypedef struct rd_kafka_queue_t
+    ctypedef struct rd_kafka_topic_t
+    ctypedef struct rd_kafka_message_t:
+        int err
+        rd_kafka_topic_t* rkt
+        int32_t partition
+        void* payload
+        size_t len
+        int64_t offset
+    ctypedef struct _rk:
+        const char* (*name)(const rd_kafka_t*)
+        int (*type)(const rd_kafka_t*)
+        rd_kafka_queue_t* (*queue_new)(rd_kafka_t*)
+        rd_kafka_queue_t* (*partition_queue)(rd_kafka_t*, const char*, int32_t)
+        void (*forward)(rd_kafka_queue_t*, rd_kafka_queue_t*)
+        void (*queue_destroy)(rd_kafka_queue_t*)
+        long (*consume_batch)(rd_kafka_queue_t*, int, rd_kafka_message_t**, size_t) nogil
+        void (*message_destroy)(rd_kafka_message_t*)
+        const char* (*topic_name)(const rd_kafka_topic_t*)
+        const char* (*err2str)(int)
+    _rk RK
+    int rk_bind(const char* path)
+    rd_kafka_t* rk_handle(object c)
+    int RK_CONSUMER
+    enum: RK_BATCH
+
+
+def bind_kafka(path: bytes) -> bool:
+    """Take librdkafka's functions from the library at path, which must be loaded in this process already."""
+    return rk_bind(path) == 0
+
+
+def kafka_name(consumer) -> str:
+    """The name librdkafka gives the consumer's handle ("<client.id>#consumer-<n>"), "" if it is no consumer's
+    (for fastload.py's check)."""
+    cdef rd_kafka_t* rk = rk_handle(consumer)
+    if rk == NULL or RK.type(rk) != RK_CONSUMER:
+        return ""
+    return (<bytes>RK.name(rk)).decode()
+
+
+cdef class Reader:
+    """A loader's partitions read straight from librdkafka, without a Python object per record.
+
+    Each partition's fetch queue is forwarded to a queue of the reader's own before the consumer is assigned
+    them (forwarded by the application, librdkafka leaves it so when it starts fetching), so that queue holds
+    only the partitions' records and their consumer errors: librdkafka's events that call back into
+    confluent-kafka (errors, logs, statistics) stay on the consumer's own queue, which confluent-kafka polls
+    with its own thread state (here, when the consumer closes)."""
+
+    cdef rd_kafka_queue_t* q
+    cdef object consumer  # its handle must outlive the queue
+
+    def __init__(self, consumer, list partitions):
+        """partitions: [(physical topic, partition)], not assigned yet."""
+        cdef rd_kafka_t* rk = rk_handle(consumer)
+        cdef rd_kafka_queue_t* partition_queue
+        self.consumer = consumer
+        self.q = RK.queue_new(rk)
+        if self.q == NULL:
+            raise RuntimeError("librdkafka made no queue")
+        for topic, partition in partitions:
+            partition_queue = RK.partition_queue(rk, topic.encode(), partition)
+            if partition_queue == NULL:
+                raise RuntimeError(f"librdkafka has no queue for {topic}/{partition}")
+            RK.forward(partition_queue, self.q)
+            RK.queue_destroy(partition_queue)
+
+    def close(self):
+        """Before the consumer closes."""
+        if self.q != NULL:
+            RK.queue_destroy(self.q)
+            self.q = NULL
+
+    def __dealloc__(self):
+        self.close()
+
+
+cdef class Record:
+    """A record the reader read, for the Python loop: the methods of confluent_kafka.Message it calls."""
+
+    cdef object _topic, _value, _error
+    cdef int32_t _partition
+    cdef int64_t _offset
+
+    def error(self):
+        return self._error
+
+    def topic(self):
+        return self._topic
+
+    def partition(self):
+        return self._partition
+
+    def offset(self):
+        return self._offset
+
+    def value(self):
+        return self._value
+
+
+cdef Record _record(rd_kafka_message_t* m):
+    cdef Record r = Record.__new__(Record)
+    r._topic = "" if m.rkt == NULL else (<bytes>RK.topic_name(m.rkt)).decode()
+    r._partition = m.partition
+    r._offset = m.offset
+    r._value = None if m.payload == NULL else PyBytes_FromStringAndSize(<const char*>m.payload, m.len)
+    r._error = None if m.err == 0 else f"librdkafka: {(<bytes>RK.err2str(m.err)).decode()}"
+    return r
 
 
 def bind_library(path: bytes) -> bool:
@@ -217,6 +383,13 @@ cdef class Batch:
     cdef char[10] balance_header
     cdef public Py_ssize_t applied
     cdef list history_rows, result_rows
+    # drain's partition of the record before (records come in runs of one partition): its key, kind (0
+    # history, 1 results, 2 balances) and end offset (-1: not one of the loader's partitions left)
+    cdef rd_kafka_topic_t* last_topic
+    cdef int32_t last_partition
+    cdef object last_key
+    cdef int last_kind
+    cdef int64_t last_until
 
     def __init__(self, conn, str insert_history, str insert_results, dict fast, dict remaining, dict offsets,
                  dict seen, set refold, set result_keys, dict balances, bytes history_header,
@@ -316,6 +489,66 @@ cdef class Batch:
             else:
                 return self._handed_back(i)
         return n
+
+    def drain(self, Reader reader, Py_ssize_t want, int timeout_ms, list history_rows, list result_rows):
+        """Read up to `want` records from the reader (waiting at most timeout_ms for the first) and apply them
+        as `run` applies a batch of messages; (how many were read, the records from the first one left to the
+        Python loop on, as Record objects it takes as it takes messages: usually none)."""
+        cdef rd_kafka_message_t* messages[RK_BATCH]
+        cdef long n
+        cdef Py_ssize_t i = 0, j
+        cdef list left = []
+        if reader.q == NULL:
+            raise RuntimeError("the reader is closed")
+        self.history_rows, self.result_rows = history_rows, result_rows
+        self.last_topic = NULL  # the partitions left may have changed since the last drain
+        want = max(1, min(want, RK_BATCH))
+        with nogil:
+            n = RK.consume_batch(reader.q, timeout_ms, messages, <size_t>want)
+        if n < 0:
+            raise RuntimeError("librdkafka could not read the loader's queue")
+        try:
+            while i < n and self._apply(messages[i]):
+                i += 1
+            if i < n:
+                self._settle()  # as _handed_back
+                for j in range(i, n):
+                    left.append(_record(messages[j]))
+        finally:
+            for j in range(n):
+                RK.message_destroy(messages[j])
+        return n, left
+
+    cdef bint _apply(self, rd_kafka_message_t* m) except -1:
+        """True when the record is taken or needs nothing (an error, past its end offset), False when it is
+        the Python loop's (as `run`)."""
+        cdef Cursor c
+        if m.err != 0:
+            return True  # a consumer error: the Python loop skips it too
+        if m.rkt != self.last_topic or m.partition != self.last_partition:
+            topic = self.fast.get((<bytes>RK.topic_name(m.rkt)).decode())
+            if topic is None:
+                return False
+            key = self.keys.get((topic, m.partition))
+            if key is None:
+                key = self.keys[(topic, m.partition)] = (topic, m.partition)
+            found = self.remaining.get(key)
+            self.last_topic, self.last_partition, self.last_key = m.rkt, m.partition, key
+            self.last_kind = 0 if topic == "history" else 1 if topic == "results" else 2 if topic == "balances" else -1
+            self.last_until = -1 if found is None else found
+        if m.offset >= self.last_until:
+            return True  # past its end offset (bulk.load skips it too)
+        if m.payload == NULL or m.len < 10 or self.last_kind < 0:
+            return False
+        c.b = <const unsigned char*>m.payload
+        c.n = <Py_ssize_t>m.len
+        c.p = 10
+        c.bad = False
+        if self.last_kind == 0:
+            return memcmp(c.b, self.history_header, 10) == 0 and self._history(&c, self.last_key, m.offset)
+        if self.last_kind == 1:
+            return memcmp(c.b, self.result_header, 10) == 0 and self._result(&c, self.last_key, m.offset)
+        return memcmp(c.b, self.balance_header, 10) == 0 and self._balance(&c, None, self.last_key, m.offset)
 
     cdef inline void _taken(self, object key, int64_t offset):
         self.offsets[key] = offset + 1
@@ -477,6 +710,7 @@ cdef class Batch:
         return 0
 
     cdef bint _balance(self, Cursor* c, object data, object key, int64_t offset) except -1:
+        """data: the record's bytes object, None when it has none (drain): one is made if it is kept."""
         cdef Text account, posted, held, available
         cdef int64_t seq, value
         account = _text(c)
@@ -493,6 +727,8 @@ cdef class Batch:
                 or not _integer(available, &value)):
             return False  # (amounts that are not plain integers: the Python loop judges them, fold.unfoldable)
         self._taken(key, offset)
+        if data is None:
+            data = PyBytes_FromStringAndSize(<const char*>c.b, c.n)
         name = _str(account)
         taken = self.latest.get(name)
         if taken is not None:
