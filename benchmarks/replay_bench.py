@@ -8,7 +8,9 @@
    topic prefix; then a bare confluent-kafka consumer reads them (the ceiling on this machine, now) and
    a replay rebuilds a SQLite read store from them, and with a PostgreSQL server (--pg-url, default
    LEDGER_TEST_PG_URL, which `make bench-read` sets) a PostgreSQL one too. Reported side by side, because
-   the machine is shared. Then what a record costs a loader, measured apart: read, decode, insert.
+   the machine is shared. The same records read the loaders' own way (in C, nothing done per record) are
+   printed too: how much of the raw consumer's time is Python's. Then what a record costs a loader,
+   measured apart: read, decode, insert.
 2. API: a read store with --api-history history entries is written directly (no broker: this measures
    the API, not the projector; --api-store keeps it for the next run), served by uvicorn in a subprocess.
    GET /accounts/{id} and the trivial GET /healthz are called by --concurrency closed-loop clients
@@ -34,10 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from connectors.admin import create_topics, delete_topics  # noqa: E402
-from projections import db, replay  # noqa: E402
+from projections import db, fastload, replay  # noqa: E402
 from projections.store import Record, Store  # noqa: E402
 from schemas.codec import codec  # noqa: E402
 from streams import config, routing  # noqa: E402
@@ -81,6 +83,37 @@ def produce(settings, records: int) -> int:
         producer.poll(0)
     producer.flush(60)
     return sent
+
+
+def c_read_rate(settings) -> tuple[int, float] | None:
+    """(records, seconds) for reading the same topics to their ends as the replay loaders read them since
+    they read in C (projections/fastload.Reader: librdkafka's messages, no Python object per record), doing
+    nothing with them; None where that reader is not available (not built, or a commit before it)."""
+    reader_of = getattr(fastload, "reader", None)
+    if reader_of is None or fastload.unavailable(codec()) is not None:
+        return None
+    marks = replay.watermarks(settings)
+    client_id = f"c-read-{uuid.uuid4()}"
+    consumer = Consumer({**settings.kafka_config(), "group.id": client_id, "client.id": client_id,
+                         "enable.auto.commit": False, "isolation.level": "read_committed",
+                         "fetch.max.bytes": 64 * 1024 * 1024, "queued.max.messages.kbytes": 256 * 1024})
+    partitions = [(settings.topic(t), p) for (t, p), (low, high) in marks.items() if high > low]
+    reader = reader_of(consumer, client_id, partitions)
+    try:
+        if reader is None:
+            return None
+        consumer.assign([TopicPartition(settings.topic(t), p, low) for (t, p), (low, high) in marks.items()
+                         if high > low])
+        total = sum(high - low for low, high in marks.values())
+        count = 0
+        t0 = time.perf_counter()
+        while count < total:  # (the benchmark's topics have no transaction markers: every offset is a record)
+            count += reader.skim(total - count, 100)[0]
+        return count, time.perf_counter() - t0
+    finally:
+        if reader is not None:
+            reader.close()
+        consumer.close()
 
 
 def measure(settings, pg_url: str | None = None, workers: int | None = None, rounds: int = 3) -> dict:
@@ -136,6 +169,10 @@ def measure(settings, pg_url: str | None = None, workers: int | None = None, rou
                         f"{prefix}replay_s": chosen.seconds, f"{prefix}replay_rps": chosen.records_per_s,
                         f"{prefix}hash": chosen.hash, f"{prefix}timeline": chosen.timeline,
                         f"{prefix}loaders": chosen.loaders, "records": chosen.records})
+    c_reads = sorted((r for r in (c_read_rate(settings) for _ in range(3)) if r), key=lambda r: r[0] / r[1])
+    if c_reads:
+        records, seconds = c_reads[len(c_reads) // 2]
+        figures.update(c_read_records=records, c_read_s=seconds, c_read_rps=records / seconds)
     if alt is not None:
         figures.update(alt_replay_s=alt.seconds, alt_replay_rps=alt.records_per_s, alt_hash=alt.hash,
                        alt_loaders=alt.loaders, alt_ratio=alt.records_per_s / around[0] if around[0] else 0.0)
@@ -175,6 +212,14 @@ def bench_replay(records: int, pg_url: str | None, workers: int | None, rounds: 
             print(f"replay PG    : {figures['records']:>9} records in {figures['pg_replay_s']:6.2f} s = "
                   f"{figures['pg_replay_rps']:>10,.0f} rec/s  = {figures['pg_ratio']:.3f} of raw "
                   f"({spread('pg_')}goal >= 0.50), {figures['pg_loaders']} loaders")
+        if "c_read_rps" in figures:
+            against = ", ".join(f"{name} {figures[key] / figures['c_read_rps']:.3f}"
+                                for name, key in (("SQLite", "replay_rps"), ("PostgreSQL", "pg_replay_rps"))
+                                if key in figures)
+            print(f"read in C    : {figures['c_read_records']:>9} records in {figures['c_read_s']:6.2f} s = "
+                  f"{figures['c_read_rps']:>10,.0f} rec/s  (the loaders' own way of reading, nothing done per "
+                  f"record; the median of 3 reads after the rounds; the replays' median rates are {against} "
+                  f"of it)")
         for name, key in (("SQLite", "timeline"), ("PostgreSQL", "pg_timeline")):
             if figures.get(key):
                 print(f"timeline     : {name} rebuild (the round of the median rate), seconds since it began, as each phase ended:")

@@ -251,7 +251,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         waited = 0.0  # reading records: fetching, or this process waiting for a core
         while remaining:
             history_rows, result_rows, links = [], [], []
-            asked = time.perf_counter()
+            asked = time.perf_counter()  # (with the reader, drain times its own reading)
             # No more than are left: consume() waits out its timeout for a batch it cannot fill, which
             # cost every loader 0.5 s at its end. (Transaction markers take offsets, so `left` can be
             # more than the records left: then the short timeout bounds the wait.)
@@ -262,7 +262,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             else:
                 messages = consumer.consume(max(1, min(CONSUME_BATCH, left)), timeout=0.1)
                 count = len(messages)
-            waited += time.perf_counter() - asked
+                waited += time.perf_counter() - asked
             if first and count:
                 mark("first records")
                 first = False
@@ -375,6 +375,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                     remaining.pop(k, None)
         if fast_path is not None:
             out.applied += fast_path.applied
+            waited += fast_path.reading
             fast_path.close()  # its statements, before the connection commits and closes
         mark(f"{out.applied} records consumed and written, {waited:.2f} s of it reading"
              + (" (the common ones in C" + (", read in C too)" if reader is not None else ")")

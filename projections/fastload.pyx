@@ -15,6 +15,7 @@ takes that one record and calls back. So nothing it does not fully apply has bee
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcmp, memcpy
 from libc.stdio cimport snprintf
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from cpython.object cimport PyObject_Hash
@@ -208,6 +209,22 @@ cdef class Reader:
             RK.forward(partition_queue, self.q)
             RK.queue_destroy(partition_queue)
 
+    def skim(self, Py_ssize_t want, int timeout_ms):
+        """Read up to `want` records and drop them: (records, consumer errors). The benchmark's read in C,
+        the loaders' way of reading with nothing done per record."""
+        cdef rd_kafka_message_t* messages[RK_BATCH]
+        cdef long n, i, errors = 0
+        if self.q == NULL:
+            raise RuntimeError("the reader is closed")
+        with nogil:
+            n = RK.consume_batch(self.q, timeout_ms, messages, <size_t>max(1, min(want, RK_BATCH)))
+        if n < 0:
+            raise RuntimeError("librdkafka could not read the queue")
+        for i in range(n):
+            errors += messages[i].err != 0
+            RK.message_destroy(messages[i])
+        return n - errors, errors
+
     def close(self):
         """Before the consumer closes."""
         if self.q != NULL:
@@ -382,6 +399,7 @@ cdef class Batch:
     cdef char[10] result_header
     cdef char[10] balance_header
     cdef public Py_ssize_t applied
+    cdef public double reading  # seconds drain spent waiting for librdkafka's records (not applying them)
     cdef list history_rows, result_rows
     # drain's partition of the record before (records come in runs of one partition): its key, kind (0
     # history, 1 results, 2 balances) and end offset (-1: not one of the loader's partitions left)
@@ -405,6 +423,7 @@ cdef class Batch:
         self.keys = {}
         self.latest = {}
         self.applied = 0
+        self.reading = 0.0
         for header in (history_header, result_header, balance_header):
             if len(header) != 10:
                 raise ValueError("a schema header is 10 bytes")
@@ -502,9 +521,13 @@ cdef class Batch:
             raise RuntimeError("the reader is closed")
         self.history_rows, self.result_rows = history_rows, result_rows
         self.last_topic = NULL  # the partitions left may have changed since the last drain
+        cdef timespec before, after
         want = max(1, min(want, RK_BATCH))
         with nogil:
+            clock_gettime(CLOCK_MONOTONIC, &before)
             n = RK.consume_batch(reader.q, timeout_ms, messages, <size_t>want)
+            clock_gettime(CLOCK_MONOTONIC, &after)
+        self.reading += (after.tv_sec - before.tv_sec) + (after.tv_nsec - before.tv_nsec) * 1e-9
         if n < 0:
             raise RuntimeError("librdkafka could not read the loader's queue")
         try:
