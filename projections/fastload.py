@@ -15,6 +15,10 @@ the Python loop does everything. Its rows go straight to SQLite when the interpr
 functions the module takes: no header or link-time dependency of its own) and SQLite says that handle opened
 the connection's file; otherwise, and for PostgreSQL, it hands the row tuples to the loader, which inserts
 or copies them as it does its own.
+
+When it serves, the loader's records are read in C as well (`reader`, `Batch.drain`: librdkafka's messages,
+no Python object per record) where confluent-kafka's consumer and its librdkafka are the ones this module
+knows how to reach; `LEDGER_LOADER=consume` keeps the fast path but reads with `consume()`.
 """
 from __future__ import annotations
 

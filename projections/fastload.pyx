@@ -11,6 +11,10 @@ Python loop is handed a record or the batch closes (`_settle`), not every one of
 Anything else (a record it cannot decode, an older schema, an out-of-order seq, links, a retried result,
 non-ASCII text) it leaves untouched and hands back to the Python loop, which is the source of truth; the loop
 takes that one record and calls back. So nothing it does not fully apply has been applied.
+
+`Batch.drain` does the same for records it reads itself from librdkafka (`Reader`: the loader's partitions
+forwarded to a queue of its own), from each message's payload, with no Python object per record; what it does
+not take goes to the Python loop as `Record` objects.
 """
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcmp, memcpy

@@ -682,7 +682,7 @@ def test_money_that_is_not_an_integer_is_unreadable_not_a_crash():
     assert report.counts["unreadable.balances"] == len([r for r in CLEAN.balances if r.value["account_id"] == CC])
     assert any("amount '1.5' is not an integer" in n and f"key {A}" in n for n in report.notes)
     assert any("hold h2 captured 'lots' is not an integer" in n and "key t/hold:h2" in n for n in report.notes)
-    assert f"P8: command ('t', 'hold:h2') at " in "\n".join(report.violations)
+    assert "P8: command ('t', 'hold:h2') at " in "\n".join(report.violations)
 
 
 # A reservation's internal holds and the shares' ids, as the engine writes them --------------------------------
