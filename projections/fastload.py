@@ -47,23 +47,24 @@ HISTORY_BIND = ("account_id", "seq", "entry_id", "currency", "amount", "posted_a
                 "client_id", "posted_by_time", "held_by_time", "links", "metadata", "rate_snapshot_id")
 RESULT_BIND = ("client_id", "command_id", "outcome", "reason", "detail", "transaction_id", "at_ms", "holds")
 
-_library: bool | None = None
+_libraries: dict[str, bool] = {}  # a shared library's path fragment -> whether the module took its functions
 
 
 def _insert(table: str, columns: tuple[str, ...]) -> str:
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
-def _sqlite_library() -> bool:
-    """Whether the module has SQLite's functions from the library the sqlite3 module loaded (once)."""
-    global _library
-    if _library is None:
+def _bound(fragment: str, bind: str) -> bool:
+    """Whether the module has the functions of the shared library whose path contains fragment (SQLite's, which
+    the sqlite3 module loaded; librdkafka's, which confluent-kafka loaded), taken once by its function `bind`.
+    Only if the process has exactly one: with two (another package's own), which one owns the handles the
+    module is given cannot be told from here."""
+    if fragment not in _libraries:
         module = cdecode.load_module(SOURCE)
-        paths = _loaded("/libsqlite3")
-        # Exactly one SQLite in the process: with two (another package's own), which one owns the sqlite3
-        # module's handles cannot be told from here.
-        _library = bool(module is not None and len(paths) == 1 and module.bind_library(paths.pop().encode()))
-    return _library
+        paths = _loaded(fragment)
+        _libraries[fragment] = bool(module is not None and len(paths) == 1
+                                    and getattr(module, bind)(paths.pop().encode()))
+    return _libraries[fragment]
 
 
 # The interpreters whose sqlite3.Connection begins with its SQLite handle (Modules/_sqlite/connection.h); on
@@ -78,26 +79,12 @@ def _direct(module: Any, conn: sqlite3.Connection) -> str | None:
                "is not known here"
     if not isinstance(conn, sqlite3.Connection):
         return f"{type(conn).__name__} is not a sqlite3 connection"
-    if not _sqlite_library():
+    if not _bound("/libsqlite3", "bind_library"):
         return "the sqlite3 module's SQLite is not the one shared library of SQLite in this process"
     file = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"), None)
     if not file or module.handle_file(conn) != file:
         return "the connection's handle is not the one that opened its file"
     return None
-
-
-_kafka_library: bool | None = None
-
-
-def _librdkafka() -> bool:
-    """Whether the module has librdkafka's functions from the library confluent-kafka loaded (once)."""
-    global _kafka_library
-    if _kafka_library is None:
-        module = cdecode.load_module(SOURCE)
-        paths = _loaded("/librdkafka")
-        # Exactly one librdkafka in the process, as for SQLite.
-        _kafka_library = bool(module is not None and len(paths) == 1 and module.bind_kafka(paths.pop().encode()))
-    return _kafka_library
 
 
 def reader(consumer: Any, client_id: str, partitions: list[tuple[str, int]]) -> Any:
@@ -116,7 +103,7 @@ def reader(consumer: Any, client_id: str, partitions: list[tuple[str, int]]) -> 
         why = f"{sys.implementation.name}'s object layout is not known here"
     elif type(consumer) is not confluent_kafka.Consumer:
         why = f"{type(consumer).__name__} is not confluent-kafka's own consumer"
-    elif not _librdkafka():
+    elif not _bound("/librdkafka", "bind_kafka"):
         why = "confluent-kafka's librdkafka is not the one shared library of librdkafka in this process"
     elif not module.kafka_name(consumer).startswith(f"{client_id}#consumer-"):
         why = "the consumer's handle is not the one it was made with"
