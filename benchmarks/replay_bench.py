@@ -108,7 +108,7 @@ def c_read_rate(settings) -> tuple[int, float] | None:
         count = 0
         t0 = time.perf_counter()
         while count < total:  # (the benchmark's topics have no transaction markers: every offset is a record)
-            count += reader.skim(total - count, 100)[0]
+            count += reader.skim(total - count, 100)
         return count, time.perf_counter() - t0
     finally:
         if reader is not None:

@@ -259,6 +259,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             if reader is not None:  # read and applied in C; `messages`: those it left to this loop
                 count, messages = fast_path.drain(reader, max(1, min(CONSUME_BATCH, left)), 100, history_rows,
                                                   result_rows)
+                _serve_consumer_queue(consumer, reader, name)
             else:
                 messages = consumer.consume(max(1, min(CONSUME_BATCH, left)), timeout=0.1)
                 count = len(messages)
@@ -387,11 +388,29 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
     finally:
         if collecting:
             gc.enable()
-        if fast_path is not None:  # its statements, whatever happened, before the sink closes the connection
-            fast_path.close()
-        if reader is not None:  # its queue, before the consumer's handle goes
-            reader.close()
-        consumer.close()
+        try:
+            if fast_path is not None:  # its statements, whatever happened, before the sink closes the connection
+                fast_path.close()
+        finally:
+            try:
+                if reader is not None:  # its queue, before the consumer's handle goes
+                    reader.close()
+            finally:
+                consumer.close()
+
+
+def _serve_consumer_queue(consumer: Consumer, reader, name: str) -> None:
+    """With the records read in C (fastload.Reader), the consumer's own queue still gets librdkafka's events
+    that are not about a partition (logs, errors): served here between batches, by confluent-kafka, as its
+    `consume()` would. No record can be there (every partition of the loader is forwarded to the reader): one
+    that were would be lost, so it stops the rebuild. Errors the reader read are logged here too."""
+    msg = consumer.poll(0)
+    if msg is not None and not msg.error():
+        raise RuntimeError(f"{name}: a record of {msg.topic()}/{msg.partition()} reached the consumer's own queue")
+    if reader.errors != reader.reported:
+        log.warning("%s: librdkafka reported %d error(s) on its partitions, the last: %s", name,
+                    reader.errors - reader.reported, reader.last_error)
+        reader.reported = reader.errors
 
 
 def _child(settings: Settings, keys: dict[Key, tuple[int, int]], target: str, part: str | None, index: int,

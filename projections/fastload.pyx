@@ -23,6 +23,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from cpython.object cimport PyObject_Hash
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
 
 cdef extern from *:
     """
@@ -95,6 +96,7 @@ cdef extern from *:
     typedef struct rd_kafka_s rd_kafka_t;
     typedef struct rd_kafka_queue_s rd_kafka_queue_t;
     typedef struct rd_kafka_topic_s rd_kafka_topic_t;
+    typedef struct rd_kafka_op_s rd_kafka_event_t;
     /* librdkafka's message as rdkafka.h declares it (public: part of the library's ABI) */
     typedef struct rd_kafka_message_s {
         int err;
@@ -115,8 +117,11 @@ cdef extern from *:
         rd_kafka_queue_t* (*partition_queue)(rd_kafka_t*, const char*, int32_t);
         void (*forward)(rd_kafka_queue_t*, rd_kafka_queue_t*);
         void (*queue_destroy)(rd_kafka_queue_t*);
-        long (*consume_batch)(rd_kafka_queue_t*, int, rd_kafka_message_t**, size_t);
-        void (*message_destroy)(rd_kafka_message_t*);
+        rd_kafka_event_t* (*queue_poll)(rd_kafka_queue_t*, int);
+        int (*event_type)(const rd_kafka_event_t*);
+        const rd_kafka_message_t* (*event_message_next)(rd_kafka_event_t*);
+        const char* (*event_error_string)(rd_kafka_event_t*);
+        void (*event_destroy)(rd_kafka_event_t*);
         const char* (*topic_name)(const rd_kafka_topic_t*);
         const char* (*err2str)(int);
     } RK;
@@ -129,13 +134,17 @@ cdef extern from *:
         *(void**)&RK.partition_queue = dlsym(h, "rd_kafka_queue_get_partition");
         *(void**)&RK.forward = dlsym(h, "rd_kafka_queue_forward");
         *(void**)&RK.queue_destroy = dlsym(h, "rd_kafka_queue_destroy");
-        *(void**)&RK.consume_batch = dlsym(h, "rd_kafka_consume_batch_queue");
-        *(void**)&RK.message_destroy = dlsym(h, "rd_kafka_message_destroy");
+        *(void**)&RK.queue_poll = dlsym(h, "rd_kafka_queue_poll");
+        *(void**)&RK.event_type = dlsym(h, "rd_kafka_event_type");
+        *(void**)&RK.event_message_next = dlsym(h, "rd_kafka_event_message_next");
+        *(void**)&RK.event_error_string = dlsym(h, "rd_kafka_event_error_string");
+        *(void**)&RK.event_destroy = dlsym(h, "rd_kafka_event_destroy");
         *(void**)&RK.topic_name = dlsym(h, "rd_kafka_topic_name");
         *(void**)&RK.err2str = dlsym(h, "rd_kafka_err2str");
         dlclose(h);  /* confluent-kafka keeps the library loaded */
         return (RK.name && RK.type && RK.queue_new && RK.partition_queue && RK.forward && RK.queue_destroy
-                && RK.consume_batch && RK.message_destroy && RK.topic_name && RK.err2str) ? 0 : -1;
+                && RK.queue_poll && RK.event_type && RK.event_message_next && RK.event_error_string
+                && RK.event_destroy && RK.topic_name && RK.err2str) ? 0 : -1;
     }
     /* confluent-kafka's clients begin with their librdkafka handle (Handle in its confluent_kafka.h, the same
        since 2016); fastload.py checks the handle's name against the client.id the consumer was given first. */
@@ -143,10 +152,13 @@ cdef extern from *:
     static rd_kafka_t* rk_handle(PyObject* c) { return ((rk_client*)c)->rk; }
     #define RK_CONSUMER 1
     #define RK_BATCH 10000
+    #define RK_EVENT_FETCH 0x2
+    #define RK_EVENT_ERROR 0x8
     """
     ctypedef struct rd_kafka_t
     ctypedef struct rd_kafka_queue_t
     ctypedef struct rd_kafka_topic_t
+    ctypedef struct rd_kafka_event_t
     ctypedef struct rd_kafka_message_t:
         int err
         rd_kafka_topic_t* rkt
@@ -161,8 +173,11 @@ cdef extern from *:
         rd_kafka_queue_t* (*partition_queue)(rd_kafka_t*, const char*, int32_t)
         void (*forward)(rd_kafka_queue_t*, rd_kafka_queue_t*)
         void (*queue_destroy)(rd_kafka_queue_t*)
-        long (*consume_batch)(rd_kafka_queue_t*, int, rd_kafka_message_t**, size_t) nogil
-        void (*message_destroy)(rd_kafka_message_t*)
+        rd_kafka_event_t* (*queue_poll)(rd_kafka_queue_t*, int) nogil
+        int (*event_type)(const rd_kafka_event_t*) nogil
+        const rd_kafka_message_t* (*event_message_next)(rd_kafka_event_t*) nogil
+        const char* (*event_error_string)(rd_kafka_event_t*) nogil
+        void (*event_destroy)(rd_kafka_event_t*) nogil
         const char* (*topic_name)(const rd_kafka_topic_t*)
         const char* (*err2str)(int)
     _rk RK
@@ -170,6 +185,8 @@ cdef extern from *:
     rd_kafka_t* rk_handle(object c)
     int RK_CONSUMER
     enum: RK_BATCH
+    int RK_EVENT_FETCH
+    int RK_EVENT_ERROR
 
 
 def bind_kafka(path: bytes) -> bool:
@@ -190,19 +207,34 @@ cdef class Reader:
     """A loader's partitions read straight from librdkafka, without a Python object per record.
 
     Each partition's fetch queue is forwarded to a queue of the reader's own before the consumer is assigned
-    them (forwarded by the application, librdkafka leaves it so when it starts fetching), so that queue holds
-    only the partitions' records and their consumer errors: librdkafka's events that call back into
-    confluent-kafka (errors, logs, statistics) stay on the consumer's own queue, which confluent-kafka polls
-    with its own thread state (here, when the consumer closes)."""
+    them (forwarded by the application, librdkafka leaves it so when it starts fetching; nothing here assigns a
+    partition twice, and one that were would stay forwarded). The queue is read with librdkafka's event API,
+    which hands every error over as an event: a partition's fetch queue can carry an error (its topic deleted,
+    its reading no longer authorized), and reading it the way `consume()` does would call confluent-kafka's
+    error callback outside the thread state it sets up for it (a process abort). The consumer's own queue
+    (logs, errors not about a partition) is left to confluent-kafka (`bulk.load` polls it between batches)."""
 
     cdef rd_kafka_queue_t* q
     cdef object consumer  # its handle must outlive the queue
+    cdef rd_kafka_event_t** events  # those of the records `read` took last, until `release`
+    cdef rd_kafka_message_t** messages
+    cdef public Py_ssize_t errors  # error events read so far
+    cdef public Py_ssize_t reported  # of them, those its user has reported (bulk.load logs them)
+    cdef public str last_error
+
+    def __cinit__(self):
+        self.events = <rd_kafka_event_t**>PyMem_Malloc(RK_BATCH * sizeof(rd_kafka_event_t*))
+        self.messages = <rd_kafka_message_t**>PyMem_Malloc(RK_BATCH * sizeof(rd_kafka_message_t*))
+        if self.events == NULL or self.messages == NULL:
+            raise MemoryError()
 
     def __init__(self, consumer, list partitions):
         """partitions: [(physical topic, partition)], not assigned yet."""
         cdef rd_kafka_t* rk = rk_handle(consumer)
         cdef rd_kafka_queue_t* partition_queue
         self.consumer = consumer
+        self.errors = self.reported = 0
+        self.last_error = ""
         self.q = RK.queue_new(rk)
         if self.q == NULL:
             raise RuntimeError("librdkafka made no queue")
@@ -213,30 +245,65 @@ cdef class Reader:
             RK.forward(partition_queue, self.q)
             RK.queue_destroy(partition_queue)
 
-    def skim(self, Py_ssize_t want, int timeout_ms):
-        """Read up to `want` records and drop them: (records, consumer errors). The benchmark's read in C,
-        the loaders' way of reading with nothing done per record."""
-        cdef rd_kafka_message_t* messages[RK_BATCH]
-        cdef long n, i, errors = 0
-        if self.q == NULL:
-            raise RuntimeError("the reader is closed")
+    cdef Py_ssize_t read(self, Py_ssize_t want, int timeout_ms) except -1:
+        """Up to `want` records into `messages` (waiting at most timeout_ms for the first event, then taking
+        what is there); they stay valid until `release`. Error events are counted and their text kept."""
+        cdef Py_ssize_t n = 0, errors = 0
+        cdef rd_kafka_event_t* event
+        cdef rd_kafka_message_t* message
+        cdef int kind
+        cdef char text[512]
+        if self.q == NULL or rk_handle(self.consumer) == NULL:
+            raise RuntimeError("the reader or its consumer is closed")
+        want = max(1, min(want, RK_BATCH))
+        text[0] = 0
         with nogil:
-            n = RK.consume_batch(self.q, timeout_ms, messages, <size_t>max(1, min(want, RK_BATCH)))
-        if n < 0:
-            raise RuntimeError("librdkafka could not read the queue")
+            event = RK.queue_poll(self.q, timeout_ms)
+            while event != NULL:
+                kind = RK.event_type(event)
+                message = <rd_kafka_message_t*>RK.event_message_next(event) if kind == RK_EVENT_FETCH else NULL
+                if message != NULL:
+                    self.events[n] = event
+                    self.messages[n] = message
+                    n += 1
+                else:
+                    if kind == RK_EVENT_ERROR:
+                        errors += 1
+                        snprintf(text, sizeof(text), "%s", RK.event_error_string(event))
+                    RK.event_destroy(event)
+                if n >= want:
+                    break
+                event = RK.queue_poll(self.q, 0)
+        if errors:
+            self.errors += errors
+            self.last_error = text.decode("utf-8", "replace")
+        return n
+
+    cdef void release(self, Py_ssize_t n) noexcept:
+        """The records `read` took (their events)."""
+        cdef Py_ssize_t i
         for i in range(n):
-            errors += messages[i].err != 0
-            RK.message_destroy(messages[i])
-        return n - errors, errors
+            RK.event_destroy(self.events[i])
+
+    def skim(self, Py_ssize_t want, int timeout_ms):
+        """Read up to `want` records and drop them: how many. The benchmark's read in C, the loaders' way of
+        reading with nothing done per record."""
+        cdef Py_ssize_t n = self.read(want, timeout_ms)
+        self.release(n)
+        return n
 
     def close(self):
-        """Before the consumer closes."""
-        if self.q != NULL:
+        """Before the consumer closes (after, its handle is gone and the queue is left as it is)."""
+        if self.q != NULL and rk_handle(self.consumer) != NULL:
             RK.queue_destroy(self.q)
-            self.q = NULL
+        self.q = NULL
 
     def __dealloc__(self):
-        self.close()
+        if self.q != NULL and self.consumer is not None and rk_handle(self.consumer) != NULL:
+            RK.queue_destroy(self.q)
+        self.q = NULL
+        PyMem_Free(self.events)
+        PyMem_Free(self.messages)
 
 
 cdef class Record:
@@ -517,33 +584,24 @@ cdef class Batch:
         """Read up to `want` records from the reader (waiting at most timeout_ms for the first) and apply them
         as `run` applies a batch of messages; (how many were read, the records from the first one left to the
         Python loop on, as Record objects it takes as it takes messages: usually none)."""
-        cdef rd_kafka_message_t* messages[RK_BATCH]
-        cdef long n
-        cdef Py_ssize_t i = 0, j
+        cdef Py_ssize_t n, i = 0, j
         cdef list left = []
-        if reader.q == NULL:
-            raise RuntimeError("the reader is closed")
+        cdef timespec before, after
         self.history_rows, self.result_rows = history_rows, result_rows
         self.last_topic = NULL  # the partitions left may have changed since the last drain
-        cdef timespec before, after
-        want = max(1, min(want, RK_BATCH))
-        with nogil:
-            clock_gettime(CLOCK_MONOTONIC, &before)
-            n = RK.consume_batch(reader.q, timeout_ms, messages, <size_t>want)
-            clock_gettime(CLOCK_MONOTONIC, &after)
+        clock_gettime(CLOCK_MONOTONIC, &before)
+        n = reader.read(want, timeout_ms)
+        clock_gettime(CLOCK_MONOTONIC, &after)
         self.reading += (after.tv_sec - before.tv_sec) + (after.tv_nsec - before.tv_nsec) * 1e-9
-        if n < 0:
-            raise RuntimeError("librdkafka could not read the loader's queue")
         try:
-            while i < n and self._apply(messages[i]):
+            while i < n and self._apply(reader.messages[i]):
                 i += 1
             if i < n:
                 self._settle()  # as _handed_back
                 for j in range(i, n):
-                    left.append(_record(messages[j]))
+                    left.append(_record(reader.messages[j]))
         finally:
-            for j in range(n):
-                RK.message_destroy(messages[j])
+            reader.release(n)
         return n, left
 
     cdef bint _apply(self, rd_kafka_message_t* m) except -1:
@@ -754,15 +812,13 @@ cdef class Batch:
                 or not _integer(available, &value)):
             return False  # (amounts that are not plain integers: the Python loop judges them, fold.unfoldable)
         self._taken(key, offset)
-        if data is None:
-            data = PyBytes_FromStringAndSize(<const char*>c.b, c.n)
         name = _str(account)
         taken = self.latest.get(name)
         if taken is not None:
             if seq > <int64_t>taken[0]:
-                self.latest[name] = (seq, data)
+                self.latest[name] = (seq, data if data is not None else PyBytes_FromStringAndSize(<const char*>c.b, c.n))
             return True
         old = self.balances.get(name)
         if old is None or seq > old["seq"]:
-            self.latest[name] = (seq, data)
+            self.latest[name] = (seq, data if data is not None else PyBytes_FromStringAndSize(<const char*>c.b, c.n))
         return True

@@ -5,8 +5,11 @@ row and the same counts, offsets, balances, holds and refolded accounts. And the
 consumer it was made for."""
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -128,3 +131,43 @@ def test_records_past_a_partitions_end_are_read_and_left_alone(settings):
         reader.close()
         consumer.close()
     assert (offsets, [row[1] for row in rows], fast.applied) == ({("history", 0): 4}, [1, 2, 3, 4], 4)
+
+
+READ_A_MISSING_TOPIC = """
+import sys, time, uuid
+from confluent_kafka import Consumer, TopicPartition
+from projections import fastload
+from streams import config
+settings = config.load().with_prefix(sys.argv[1])
+client_id = f"ledger-test-{uuid.uuid4()}"
+consumer = Consumer({**settings.kafka_config(), "group.id": client_id, "client.id": client_id,
+                     "topic.metadata.propagation.max.ms": 200})
+partitions = [(settings.topic("history"), 0), (settings.prefix + "no-such-topic", 0)]
+reader = fastload.reader(consumer, client_id, partitions)
+consumer.assign([TopicPartition(t, p, 0) for t, p in partitions])
+read, deadline = 0, time.monotonic() + 20
+while (read < 3 or not reader.errors) and time.monotonic() < deadline:
+    read += reader.skim(100, 100)
+print(read, reader.errors, reader.last_error)
+reader.close()
+consumer.close()
+"""
+
+
+@needs_build
+def test_an_error_on_a_partition_is_counted_not_a_crash(settings):
+    """librdkafka puts some errors on a partition's own queue (its topic does not exist or was deleted, its
+    reading is no longer authorized); read as `consume()` reads, such an error calls confluent-kafka's error
+    callback outside the thread state it needs, and the process aborts. The reader reads events: the error is
+    counted and kept, the partition's neighbours are read. (In a child process: a regression is a failure here,
+    not the end of the test run.)"""
+    producer = Producer(settings.kafka_config())
+    for n in range(3):
+        producer.produce(settings.topic("history"), key=b"k", value=b"x%d" % n, partition=0)
+    assert producer.flush(30) == 0
+    done = subprocess.run([sys.executable, "-c", READ_A_MISSING_TOPIC, settings.prefix], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "KAFKA_BOOTSTRAP": settings.bootstrap})
+    assert done.returncode == 0, done.stderr[-2000:]
+    read, errors, text = done.stdout.split(" ", 2)
+    assert int(read) == 3 and int(errors) >= 1 and "no-such-topic" in text, done.stdout
