@@ -171,3 +171,32 @@ def test_an_error_on_a_partition_is_counted_not_a_crash(settings):
     assert done.returncode == 0, done.stderr[-2000:]
     read, errors, text = done.stdout.split(" ", 2)
     assert int(read) == 3 and int(errors) >= 1 and "no-such-topic" in text, done.stdout
+
+
+@needs_build
+def test_a_record_on_the_consumers_own_queue_stops_the_rebuild_and_reader_errors_are_logged(settings, caplog):
+    """Between batches the loader serves the consumer's own queue (logs, errors not about a partition). A record
+    there would be one no reader took (a partition not forwarded): it stops the rebuild rather than being lost.
+    And what the reader counted as errors is logged once."""
+    topic = settings.topic("history")
+    producer = Producer(settings.kafka_config())
+    producer.produce(topic, key=b"k", value=b"x", partition=1)
+    assert producer.flush(30) == 0
+    client_id = f"ledger-test-{uuid.uuid4()}"
+    consumer = Consumer({**settings.kafka_config(), "group.id": client_id, "client.id": client_id})
+    reader = fastload.reader(consumer, client_id, [(topic, 0)])  # partition 1 is not forwarded
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0), TopicPartition(topic, 1, 0)])
+        reader.errors, reader.last_error = 2, "history [7]: topic does not exist"
+        with caplog.at_level("WARNING", logger="ledger.replay"):
+            deadline = time.monotonic() + 20
+            with pytest.raises(RuntimeError, match=r"history/1 reached the consumer's own queue"):
+                while time.monotonic() < deadline:
+                    bulk._serve_consumer_queue(consumer, reader, "loader 0")
+                    time.sleep(0.05)
+        assert [r.getMessage() for r in caplog.records] == [
+            "loader 0: librdkafka reported 2 error(s) on its partitions, the last: history [7]: topic does not exist"]
+        assert reader.reported == 2
+    finally:
+        reader.close()
+        consumer.close()
