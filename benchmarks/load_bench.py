@@ -10,7 +10,9 @@ by the loader's fast path in C (projections/fastload.py), or every record by its
 compiled to C (schemas/cdecode.py) or with the generated Python ones. Printed: CPU µs per record
 (time.process_time) and records/s of CPU. The loader switches the cyclic garbage collector off while it
 loads (docs/read-side.md), so every variant here runs without it. Its stand-in for the consumer is its own: a
-benchmark imports nothing of tests/.
+benchmark imports nothing of tests/. Being no librdkafka consumer, it gets no reader in C
+(fastload.reader): the records reach the fast path through `Batch.run`, so reading them is not measured here
+(`replay_bench` measures it, end to end).
 """
 from __future__ import annotations
 
