@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from connectors.admin import create_topics, delete_topics  # noqa: E402
-from projections import db, fastload, replay  # noqa: E402
+from projections import bulk, db, fastload, replay  # noqa: E402
 from projections.store import Record, Store  # noqa: E402
 from schemas.codec import codec  # noqa: E402
 from streams import config, routing  # noqa: E402
@@ -94,9 +94,7 @@ def c_read_rate(settings) -> tuple[int, float] | None:
         return None
     marks = replay.watermarks(settings)
     client_id = f"c-read-{uuid.uuid4()}"
-    consumer = Consumer({**settings.kafka_config(), "group.id": client_id, "client.id": client_id,
-                         "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "fetch.max.bytes": 64 * 1024 * 1024, "queued.max.messages.kbytes": 256 * 1024})
+    consumer = Consumer(bulk.reading_config(settings, client_id))  # (a commit with the reader has it)
     partitions = [(settings.topic(t), p) for (t, p), (low, high) in marks.items() if high > low]
     reader = reader_of(consumer, client_id, partitions)
     try:

@@ -195,6 +195,14 @@ def _add(ranges: list[list[int]], seq: int) -> None:
         ranges[i - 1][1] = ranges.pop(i)[1]
 
 
+def reading_config(settings: Settings, client_id: str) -> dict:
+    """A consumer that reads assigned partitions to fixed ends in large fetches and commits nothing: a
+    loader's, and the raw reads a replay is measured against. client_id: its group and client id, unique."""
+    return {**settings.kafka_config(), "group.id": client_id, "client.id": client_id, "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "isolation.level": "read_committed",
+            "fetch.max.bytes": 64 * 1024 * 1024, "queued.max.messages.kbytes": 256 * 1024}
+
+
 def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: Callable[[int], None],
          indexes: str = "", origin: float | None = None, name: str = "loader 0") -> Loaded:
     """Consume keys {(topic, partition): (start, until)} into the sink, then build `indexes` (the secondary
@@ -214,10 +222,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
     # goes through codec.decode, which resolves it or says why not.
     fast = {settings.topic(t): (t, c.header(SCHEMA_OF[t]), c.body_decoder(SCHEMA_OF[t])) for t in SCHEMA_OF}
     client_id = f"ledger-replay-{uuid.uuid4()}"  # unique: fastload.reader checks the handle by it
-    consumer = Consumer({**settings.kafka_config(), "group.id": client_id, "client.id": client_id,
-                         "enable.auto.commit": False, "enable.auto.offset.store": False,
-                         "isolation.level": "read_committed", "fetch.max.bytes": 64 * 1024 * 1024,
-                         "queued.max.messages.kbytes": 256 * 1024})
+    consumer = Consumer(reading_config(settings, client_id))
     remaining = {k: until for k, (start, until) in keys.items() if until > start}
     fast_path = reader = None
     # No cyclic garbage collection while loading: every consume() allocates its batch of messages (objects the

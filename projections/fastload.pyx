@@ -294,14 +294,12 @@ cdef class Reader:
 
     def close(self):
         """Before the consumer closes (after, its handle is gone and the queue is left as it is)."""
-        if self.q != NULL and rk_handle(self.consumer) != NULL:
+        if self.q != NULL and self.consumer is not None and rk_handle(self.consumer) != NULL:
             RK.queue_destroy(self.q)
         self.q = NULL
 
     def __dealloc__(self):
-        if self.q != NULL and self.consumer is not None and rk_handle(self.consumer) != NULL:
-            RK.queue_destroy(self.q)
-        self.q = NULL
+        self.close()
         PyMem_Free(self.events)
         PyMem_Free(self.messages)
 

@@ -215,9 +215,7 @@ def raw_consume_rate(settings: Settings) -> tuple[int, float]:
     """(records, seconds) for a bare confluent-kafka consumer reading the read topics to their ends:
     the ceiling a replay is measured against, in the same run on the same machine."""
     marks = watermarks(settings)
-    consumer = Consumer({**settings.kafka_config(), "group.id": f"raw-{uuid.uuid4()}", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "fetch.max.bytes": 64 * 1024 * 1024,
-                         "queued.max.messages.kbytes": 256 * 1024})
+    consumer = Consumer(bulk.reading_config(settings, f"raw-{uuid.uuid4()}"))
     remaining = {settings.topic(t) + f"/{p}": high for (t, p), (low, high) in marks.items() if high > low}
     consumer.assign([TopicPartition(settings.topic(t), p, low) for (t, p), (low, high) in marks.items()
                      if high > low])
