@@ -5,7 +5,8 @@
 record is of the common kind: a history entry of the current schema in seq order with no links or metadata,
 a result with no holds whose key is new in the share, or a balance record with plain integer amounts; every
 string ASCII, every number in 64 bits. Rows go straight from the record's bytes to SQLite's prepared
-statements (no Python string, dict or tuple per row). A balance record is only read far enough to know it is
+statements (no Python string, dict or tuple per row); history rows when the share ends (`flush`), in the
+table's key order. A balance record is only read far enough to know it is
 well formed and whether it is its account's latest so far; the latest one's bytes are decoded once, when the
 Python loop is handed a record or the batch closes (`_settle`), not every one of the account's versions.
 Anything else (a record it cannot decode, an older schema, an out-of-order seq, links, a retried result,
@@ -23,7 +24,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeASCII
 from cpython.object cimport PyObject_Hash
-from cpython.mem cimport PyMem_Malloc, PyMem_Free
+from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 
 cdef extern from *:
     """
@@ -342,10 +343,24 @@ def bind_library(path: bytes) -> bool:
     return sq_bind(path) == 0
 
 
+def defer_bytes(n=None) -> int:
+    """How many bytes of history records a loader keeps before inserting them in key order (`Batch._defer`);
+    n sets it (the tests make it small to take the bounded path)."""
+    global DEFER_BYTES
+    if n is not None:
+        DEFER_BYTES = max(0, int(n))
+    return DEFER_BYTES
+
+
 def handle_file(conn) -> str:
     """The file of the connection's main database, as SQLite reports it (for fastload.py's check)."""
     cdef const char* name = SQ.db_filename(sq_handle(conn), b"main")
     return (<bytes>name).decode() if name != NULL else ""
+
+
+# A loader keeps the history rows it takes for SQLite until this many bytes of them (their records), then
+# inserts them in key order (Batch._defer): about 500,000 rows of the ledger's history.
+cdef Py_ssize_t DEFER_BYTES = 128 * 1024 * 1024
 
 
 # --- reading the record's bytes: any irregularity makes the record the Python loop's --------------------------
@@ -359,6 +374,12 @@ cdef struct Cursor:
 cdef struct Text:
     const char* s
     int n  # -1: null
+
+
+cdef struct HistoryFields:  # a history record's fields, as _history_fields reads them
+    Text entry_id, account, currency, amount, posted_after, held_after, transaction_id, kind, reference
+    Text hold_id, command_id, client_id, rate
+    int64_t seq, occurred, at
 
 
 cdef inline int64_t _long(Cursor* c) noexcept:
@@ -443,6 +464,28 @@ cdef inline bint _integer(Text t, int64_t* out) noexcept:
     return True
 
 
+cdef inline void _history_fields(Cursor* c, HistoryFields* f) noexcept:
+    """A history record's fields in schema order, from after its header (c.bad says if it is not one)."""
+    f.entry_id = _text(c)
+    f.account = _text(c)
+    f.currency = _text(c)
+    f.seq = _long(c)
+    f.amount = _text(c)
+    f.posted_after = _text(c)
+    f.held_after = _text(c)
+    f.transaction_id = _optional_text(c)
+    f.kind = _text(c)
+    f.reference = _optional_text(c)
+    f.hold_id = _optional_text(c)
+    f.occurred = _long(c)
+    f.at = _long(c)
+    f.command_id = _text(c)
+    f.client_id = _text(c)
+    _empty_block(c)  # links
+    _empty_block(c)  # metadata
+    f.rate = _optional_text(c)
+
+
 cdef inline object _str(Text t):
     return PyUnicode_DecodeASCII(t.s, t.n, NULL)
 
@@ -459,6 +502,10 @@ cdef class Batch:
     cdef object conn  # kept open while its statements live
     cdef sqlite3_stmt* history
     cdef sqlite3_stmt* results
+    # history rows taken for SQLite, kept until `flush` (_defer): account -> [their places in the arena]
+    cdef dict pending
+    cdef char* arena
+    cdef Py_ssize_t used, size
     cdef dict fast, remaining, offsets, seen, balances
     cdef dict latest  # account -> (seq, bytes): its newest balance record taken here, not decoded yet
     cdef set refold, result_keys
@@ -491,6 +538,7 @@ cdef class Batch:
         self.refold, self.result_keys, self.balance_body = refold, result_keys, balance_body
         self.keys = {}
         self.latest = {}
+        self.pending = {}
         self.applied = 0
         self.reading = 0.0
         for header in (history_header, result_header, balance_header):
@@ -509,7 +557,12 @@ cdef class Batch:
             raise RuntimeError(f"SQLite: {SQ.errmsg(self.db).decode()}")
 
     def close(self):
+        """The statements and the rows kept (not inserted: `flush` inserts them)."""
         self._settle()
+        self.pending = {}
+        self.used = self.size = 0
+        PyMem_Free(self.arena)
+        self.arena = NULL
         if self.history != NULL:
             SQ.finalize(self.history)
             self.history = NULL
@@ -638,35 +691,18 @@ cdef class Batch:
         self.applied += 1
 
     cdef bint _history(self, Cursor* c, object key, int64_t offset) except -1:
-        cdef Text entry_id, account, currency, amount, posted_after, held_after, transaction_id, kind, reference
-        cdef Text hold_id, command_id, client_id, rate, by_time
+        cdef HistoryFields f
         cdef int64_t seq, occurred, at, value, last_seq, total, tail_seq, tail_occurred, tail_at
         cdef char digits[24]
-        cdef sqlite3_stmt* stmt
+        cdef Text by_time
         cdef list state, ranges, last
         cdef tuple tail
-        entry_id = _text(c)
-        account = _text(c)
-        currency = _text(c)
-        seq = _long(c)
-        amount = _text(c)
-        posted_after = _text(c)
-        held_after = _text(c)
-        transaction_id = _optional_text(c)
-        kind = _text(c)
-        reference = _optional_text(c)
-        hold_id = _optional_text(c)
-        occurred = _long(c)
-        at = _long(c)
-        command_id = _text(c)
-        client_id = _text(c)
-        _empty_block(c)  # links
-        _empty_block(c)  # metadata
-        rate = _optional_text(c)
-        if (c.bad or c.p != c.n or not _integer(amount, &value) or not _integer(posted_after, &total)
-                or not _integer(held_after, &total)):
+        _history_fields(c, &f)
+        if (c.bad or c.p != c.n or not _integer(f.amount, &value) or not _integer(f.posted_after, &total)
+                or not _integer(f.held_after, &total)):
             return False  # (amounts that are not plain integers: the Python loop judges them, fold.unfoldable)
-        name = _str(account)
+        seq, occurred, at = f.seq, f.occurred, f.at
+        name = _str(f.account)
         state = self.seen.get(name)
         if state is None:
             total = value
@@ -697,37 +733,95 @@ cdef class Batch:
             else:
                 ranges.append([seq, seq])
             state[1] = (seq, (occurred, seq), total, (at, seq))
-        by_time.n = snprintf(digits, sizeof(digits), "%lld", <long long>total)
-        by_time.s = digits
         if self.db == NULL:  # the row bulk.history_row makes
-            self.history_rows.append((name, seq, _str(entry_id), _str(currency), _str(amount), _str(posted_after),
-                                      _str(held_after), _maybe(transaction_id), _str(kind), _maybe(reference),
-                                      _maybe(hold_id), occurred, at, _str(command_id), _str(client_id),
-                                      _str(by_time), _str(held_after), "[]", "{}", _maybe(rate)))
+            by_time.n = snprintf(digits, sizeof(digits), "%lld", <long long>total)
+            by_time.s = digits
+            self.history_rows.append((name, seq, _str(f.entry_id), _str(f.currency), _str(f.amount),
+                                      _str(f.posted_after), _str(f.held_after), _maybe(f.transaction_id),
+                                      _str(f.kind), _maybe(f.reference), _maybe(f.hold_id), occurred, at,
+                                      _str(f.command_id), _str(f.client_id), _str(by_time), _str(f.held_after),
+                                      "[]", "{}", _maybe(f.rate)))
             return True
-        stmt = self.history
-        self._bind(stmt, 1, account)
-        SQ.bind_int64(stmt, 2, seq)
-        self._bind(stmt, 3, entry_id)
-        self._bind(stmt, 4, currency)
-        self._bind(stmt, 5, amount)
-        self._bind(stmt, 6, posted_after)
-        self._bind(stmt, 7, held_after)
-        self._bind(stmt, 8, transaction_id)
-        self._bind(stmt, 9, kind)
-        self._bind(stmt, 10, reference)
-        self._bind(stmt, 11, hold_id)
-        SQ.bind_int64(stmt, 12, occurred)
-        SQ.bind_int64(stmt, 13, at)
-        self._bind(stmt, 14, command_id)
-        self._bind(stmt, 15, client_id)
-        self._bind(stmt, 16, by_time)
-        self._bind(stmt, 17, held_after)
-        sq_text(stmt, 18, "[]", 2)
-        sq_text(stmt, 19, "{}", 2)
-        self._bind(stmt, 20, rate)
-        self._step(stmt)
+        self._defer(name, c, total)
         return True
+
+    cdef int _defer(self, object name, Cursor* c, int64_t total) except -1:
+        """Keep a history row taken for SQLite until `flush`, which inserts the rows in key order: inserted
+        as they come (the log's order, accounts interleaved) each row lands on a random page of the table's
+        B-tree; in key order each lands after the one before (docs/read-side.md measures both). The row is
+        kept as the record's bytes after the header and its fold, in an arena, and read again at the flush."""
+        cdef Py_ssize_t body = c.n - 10, need = self.used + 4 + body + 8
+        cdef int32_t length = <int32_t>body
+        cdef char* grown
+        if self.used and need > DEFER_BYTES:
+            self._flush()  # bounded memory: a rebuild larger than this inserts in key-ordered runs
+            need = 4 + body + 8
+        if need > self.size:
+            grown = <char*>PyMem_Realloc(self.arena, max(need, 2 * self.size, 1 << 20))
+            if grown == NULL:
+                raise MemoryError()
+            self.arena = grown
+            self.size = max(need, 2 * self.size, 1 << 20)
+        rows = self.pending.get(name)
+        if rows is None:
+            rows = self.pending[name] = []
+        (<list>rows).append(self.used)
+        memcpy(self.arena + self.used, &length, 4)
+        memcpy(self.arena + self.used + 4, c.b + 10, body)
+        memcpy(self.arena + self.used + 4 + body, &total, 8)
+        self.used += 4 + body + 8
+        return 0
+
+    def flush(self):
+        """Insert the history rows kept so far, in key order (account, then seq: each account's rows were
+        taken in seq order). Before the share commits, refolds or builds its indexes."""
+        self._flush()
+
+    cdef int _flush(self) except -1:
+        cdef HistoryFields f
+        cdef Cursor c
+        cdef int32_t length
+        cdef int64_t total, at
+        cdef Py_ssize_t i
+        cdef char digits[24]
+        cdef Text by_time
+        cdef sqlite3_stmt* stmt = self.history
+        # SQLite compares TEXT keys bytewise; these names are ASCII, whose str order is the same
+        for name in sorted(self.pending):
+            for at in <list>self.pending[name]:
+                memcpy(&length, self.arena + at, 4)
+                memcpy(&total, self.arena + at + 4 + length, 8)
+                c.b = <const unsigned char*>(self.arena + at + 4)
+                c.n = length
+                c.p = 0
+                c.bad = False
+                _history_fields(&c, &f)
+                by_time.n = snprintf(digits, sizeof(digits), "%lld", <long long>total)
+                by_time.s = digits
+                self._bind(stmt, 1, f.account)
+                SQ.bind_int64(stmt, 2, f.seq)
+                self._bind(stmt, 3, f.entry_id)
+                self._bind(stmt, 4, f.currency)
+                self._bind(stmt, 5, f.amount)
+                self._bind(stmt, 6, f.posted_after)
+                self._bind(stmt, 7, f.held_after)
+                self._bind(stmt, 8, f.transaction_id)
+                self._bind(stmt, 9, f.kind)
+                self._bind(stmt, 10, f.reference)
+                self._bind(stmt, 11, f.hold_id)
+                SQ.bind_int64(stmt, 12, f.occurred)
+                SQ.bind_int64(stmt, 13, f.at)
+                self._bind(stmt, 14, f.command_id)
+                self._bind(stmt, 15, f.client_id)
+                self._bind(stmt, 16, by_time)
+                self._bind(stmt, 17, f.held_after)
+                sq_text(stmt, 18, "[]", 2)
+                sq_text(stmt, 19, "{}", 2)
+                self._bind(stmt, 20, f.rate)
+                self._step(stmt)
+        self.pending.clear()
+        self.used = 0
+        return 0
 
     cdef bint _result(self, Cursor* c, object key, int64_t offset) except -1:
         cdef Text command_id, client_id, reason, detail, transaction_id

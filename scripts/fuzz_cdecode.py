@@ -318,6 +318,7 @@ def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
             if direct:
                 conn.execute("BEGIN")
             at = batch.run([Message(topic, 0, 0, value)], 0, rows["history"], rows["results"])
+            batch.flush()  # (a history row taken for SQLite is inserted here)
             batch.close()  # (a balance record taken is decoded into `balances` here)
             if topic == "balances":
                 got = [state["balances"]] if state["balances"] else []
