@@ -524,17 +524,31 @@ class CoreSample:
     Take it before the rebuild asks the broker for anything: overlapping the offsets query, it counted the
     query's own work (this process, and the broker when it shares the machine) as busy and saw about one core
     fewer than there was (2026-12-01, a quiet 2-core machine: 1.62 and 1.90 cores idle alone, 0.77 and 0.91
-    overlapping the query), so rebuilds got one loader where two were 1.35-2.05x faster."""
+    overlapping the query), so rebuilds got one loader where two were 1.35-2.05x faster.
+
+    This process's own CPU time during the sample counts as idle: it is the rebuild's own preparation (the
+    loaders' codec, built while the sample runs instead of the sample only sleeping, `prepare`), not work the
+    loaders would compete with."""
 
     def __init__(self, least_s: float = 0.1):
         self.started, self.ticks, self.least_s = time.monotonic(), _cpu_ticks(), least_s
+        self.own = time.process_time()
 
     def idle_cores(self) -> float | None:
         time.sleep(max(0.0, self.started + self.least_s - time.monotonic()))
         now = _cpu_ticks()
+        own = (time.process_time() - self.own) * os.sysconf("SC_CLK_TCK")  # in the kernel's ticks
         if self.ticks is None or now is None or now[1] <= self.ticks[1]:
             return None
-        return (now[0] - self.ticks[0]) / (now[1] - self.ticks[1]) * (os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+        return min(cores, (now[0] - self.ticks[0] + own) / (now[1] - self.ticks[1]) * cores)
+
+
+def prepare() -> None:
+    """What every loader needs first, made once in this process before the loaders are forked (they inherit
+    it): the codec, whose generated decoders take 80-100 ms to build. Built in each loader after the fork, it
+    cost the first rebuild of a process 0.1-0.2 s of two cores (docs/read-side.md)."""
+    codec()
 
 
 def loaders(idle: float | None) -> int:
@@ -588,6 +602,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
     # against 0.39-0.43, docs/read-side.md). The loader adds it before anything that writes by key.
     deferred = [t for t in PRIMARY_KEYS if len(writers[t]) == 1] if postgres else []
     loader_indexes = [indexes_of(tables, [t for t in tables if t in deferred]) for tables in indexed]
+    prepare()  # before the loaders fork (a no-op when replay made it while it sampled the cores)
     tmp = tempfile.mkdtemp(prefix="ledger-rebuild-")
     main_path = None
     sink = conn = None

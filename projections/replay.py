@@ -124,8 +124,13 @@ def rebuild(settings: Settings, target: str | Path, *, start: dict[TopicPartitio
     path the bulk loader is checked against)."""
     if db.exists(target):
         raise FileExistsError(f"{db.display(target)} exists; a replay writes a fresh store")
-    # Idle cores (for the number of loaders) before asking the broker for anything (bulk.CoreSample says why).
-    idle = bulk.CoreSample().idle_cores() if not incremental and not workers else None
+    # Idle cores (for the number of loaders) before asking the broker for anything (bulk.CoreSample says why);
+    # the loaders' codec is built while the cores are sampled.
+    idle = None
+    if not incremental and not workers:
+        sample = bulk.CoreSample()
+        bulk.prepare()
+        idle = sample.idle_cores()
     marks = watermarks(settings)
     until = {k: high for k, (_, high) in marks.items()} if until is None else until
     begin = {k: max(low, (start or {}).get(k, 0)) for k, (low, _) in marks.items()}

@@ -9,10 +9,27 @@ def test_the_sample_is_the_machines_idle_ticks_as_cores(monkeypatch):
     # Two cores; over the sample 160 of 200 ticks were idle (iowait counts as idle): 1.6 cores.
     ticks = iter([(1_000, 5_000), (1_160, 5_200)])
     monkeypatch.setattr(bulk, "_cpu_ticks", lambda: next(ticks))
+    monkeypatch.setattr(bulk.time, "process_time", lambda: 1.0)  # this process did nothing meanwhile
     monkeypatch.setattr(bulk.os, "cpu_count", lambda: 2)
     idle = bulk.CoreSample(least_s=0.01).idle_cores()
     assert idle is not None and abs(idle - 1.6) < 1e-9, idle
     assert bulk.loaders(idle) == 2
+
+
+def test_this_processs_own_work_during_the_sample_counts_as_idle(monkeypatch):
+    # The rebuild prepares its loaders while the sample runs: 40 of 200 ticks idle, and 0.6 s of this process's
+    # CPU (60 ticks at 100 a second) was its own: 1.0 core idle for the loaders, never more than there are.
+    ticks = iter([(1_000, 5_000), (1_040, 5_200)])
+    cpu = iter([10.0, 10.6])
+    monkeypatch.setattr(bulk, "_cpu_ticks", lambda: next(ticks))
+    monkeypatch.setattr(bulk.time, "process_time", lambda: next(cpu))
+    monkeypatch.setattr(bulk.os, "sysconf", lambda name: 100)
+    monkeypatch.setattr(bulk.os, "cpu_count", lambda: 2)
+    idle = bulk.CoreSample(least_s=0.0).idle_cores()
+    assert idle is not None and abs(idle - 1.0) < 1e-9, idle
+    ticks = iter([(1_000, 5_000), (1_190, 5_200)])
+    cpu = iter([10.0, 10.6])
+    assert bulk.CoreSample(least_s=0.0).idle_cores() == 2
 
 
 def test_no_ticks_counted_means_unknown(monkeypatch):
