@@ -44,6 +44,9 @@ cdef extern from *:
         int (*finalize)(sqlite3_stmt*);
         const char* (*errmsg)(sqlite3*);
         const char* (*db_filename)(sqlite3*, const char*);
+        void* (*db_mutex)(sqlite3*);
+        void (*mutex_enter)(void*);
+        void (*mutex_leave)(void*);
     } SQ;
     static int sq_bind(const char* path) {
         void* h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
@@ -57,9 +60,13 @@ cdef extern from *:
         SQ.finalize = (int (*)(sqlite3_stmt*))dlsym(h, "sqlite3_finalize");
         SQ.errmsg = (const char* (*)(sqlite3*))dlsym(h, "sqlite3_errmsg");
         SQ.db_filename = (const char* (*)(sqlite3*, const char*))dlsym(h, "sqlite3_db_filename");
+        SQ.db_mutex = (void* (*)(sqlite3*))dlsym(h, "sqlite3_db_mutex");
+        SQ.mutex_enter = (void (*)(void*))dlsym(h, "sqlite3_mutex_enter");
+        SQ.mutex_leave = (void (*)(void*))dlsym(h, "sqlite3_mutex_leave");
         dlclose(h);  /* RTLD_NOLOAD took a reference; the sqlite3 module keeps its own */
         return (SQ.prepare && SQ.bind_text && SQ.bind_int64 && SQ.bind_null && SQ.step && SQ.reset
-                && SQ.finalize && SQ.errmsg && SQ.db_filename) ? 0 : -1;
+                && SQ.finalize && SQ.errmsg && SQ.db_filename && SQ.db_mutex && SQ.mutex_enter
+                && SQ.mutex_leave) ? 0 : -1;
     }
     /* CPython's sqlite3.Connection begins with its sqlite3 handle (Modules/_sqlite/connection.h, 3.11-3.13);
        fastload.py checks the handle's file name against the one the connection opened before using it. */
@@ -83,6 +90,9 @@ cdef extern from *:
         int (*finalize)(sqlite3_stmt*)
         const char* (*errmsg)(sqlite3*)
         const char* (*db_filename)(sqlite3*, const char*)
+        void* (*db_mutex)(sqlite3*)
+        void (*mutex_enter)(void*)
+        void (*mutex_leave)(void*)
     _sq SQ
     int sq_bind(const char* path)
     sqlite3* sq_handle(object c)
@@ -778,14 +788,28 @@ cdef class Batch:
         self._flush()
 
     cdef int _flush(self) except -1:
+        cdef sqlite3_stmt* stmt = self.history
+        cdef void* mutex = SQ.db_mutex(self.db) if self.db != NULL else NULL
+        if not self.pending:
+            return 0
+        # Every bind, step and reset takes the connection's (recursive) mutex; held here once, each of them
+        # re-enters it without an atomic operation.
+        SQ.mutex_enter(mutex)
+        try:
+            self._insert_kept(stmt)
+        finally:
+            SQ.mutex_leave(mutex)
+        self.pending.clear()
+        self.used = 0
+        return 0
+
+    cdef int _insert_kept(self, sqlite3_stmt* stmt) except -1:
         cdef HistoryFields f
         cdef Cursor c
         cdef int32_t length
         cdef int64_t total, at
-        cdef Py_ssize_t i
         cdef char digits[24]
         cdef Text by_time
-        cdef sqlite3_stmt* stmt = self.history
         # SQLite compares TEXT keys bytewise; these names are ASCII, whose str order is the same
         for name in sorted(self.pending):
             for at in <list>self.pending[name]:
@@ -819,8 +843,6 @@ cdef class Batch:
                 sq_text(stmt, 19, "{}", 2)
                 self._bind(stmt, 20, f.rate)
                 self._step(stmt)
-        self.pending.clear()
-        self.used = 0
         return 0
 
     cdef bint _result(self, Cursor* c, object key, int64_t offset) except -1:
