@@ -569,10 +569,17 @@ def start_method() -> str:
     Python's) the child is spawned. `ledger replay` and the benchmark fork: their Kafka clients are closed
     (their threads joined) before the rebuild, and the progress bar refreshes from the loaders' progress
     instead of a thread of its own."""
-    try:
-        threads = len(os.listdir("/proc/self/task"))
-    except OSError:
-        return "spawn"
+    threads = 0
+    # A thread just joined (a client just closed) can still be listed for a moment: the kernel wakes the
+    # joining thread before it removes the exiting one's entry. So a second look, briefly, before spawning.
+    for wait in (0.0, 0.002, 0.01):
+        time.sleep(wait)
+        try:
+            threads = len(os.listdir("/proc/self/task"))
+        except OSError:
+            return "spawn"
+        if threads == 1:
+            break
     return "fork" if threads == 1 and "fork" in mp.get_all_start_methods() else "spawn"
 
 
