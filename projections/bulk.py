@@ -161,6 +161,10 @@ class PgSink:
     def results(self, rows: list[tuple]) -> None:
         self.conn.copy_rows("results", RESULT_COLUMNS, rows, self.RESULT_TYPES)
 
+    def copy(self, table: str, data: bytes) -> None:
+        """A whole COPY stream in the binary format of the rows the fast path took (fastload.Batch.copies)."""
+        self.conn.copy_stream(table, HISTORY_COLUMNS if table == "history" else RESULT_COLUMNS, data)
+
     def finish(self, late_results: list[tuple[bool, tuple]], refold: set[str], indexes: str) -> None:
         # The primary keys left out while copying first: the late results and the refold write by key.
         statements = [st for st in indexes.split(";\n") if st.strip()]
@@ -246,6 +250,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         # serves); the loop below takes each record it hands back, and every record when it does not serve.
         fast_path = fastload.batch(sink.conn if isinstance(sink, SqliteSink) else None, c, names, remaining,
                                    offsets, seen, refold, result_keys, balances)
+        copying = fast_path is not None and not isinstance(sink, SqliteSink)
         if remaining:
             # With the fast path, the records are read in C as well (before the partitions are assigned).
             reader = fastload.reader(consumer, client_id, [(settings.topic(t), p) for t, p in remaining]) \
@@ -262,8 +267,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             # more than the records left: then the short timeout bounds the wait.)
             left = sum(until - offsets.get(k, keys[k][0]) for k, until in remaining.items())
             if reader is not None:  # read and applied in C; `messages`: those it left to this loop
-                count, messages = fast_path.drain(reader, max(1, min(CONSUME_BATCH, left)), 100, history_rows,
-                                                  result_rows)
+                count, messages = fast_path.drain(reader, max(1, min(CONSUME_BATCH, left)), 100)
                 _serve_consumer_queue(consumer, reader, name)
             else:
                 messages = consumer.consume(max(1, min(CONSUME_BATCH, left)), timeout=0.1)
@@ -275,7 +279,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             i, handed = 0, len(messages)
             while i < handed:
                 if fast_path is not None:
-                    i = fast_path.run(messages, i, history_rows, result_rows)
+                    i = fast_path.run(messages, i)
                     if i == handed:
                         break
                 msg = messages[i]
@@ -362,6 +366,9 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                 sink.links(links)
             if result_rows:
                 sink.results(result_rows)
+            if copying:  # the rows the fast path took, already in COPY's format
+                for table, data in fast_path.copies():
+                    sink.copy(table, data)
             done += count
             progress(done)
             if out.skipped != skipped:

@@ -104,6 +104,13 @@ class PgConnection:
             for row in rows:
                 copy.write_row(row)
 
+    def copy_stream(self, table: str, columns: Sequence[str], data: bytes) -> None:
+        """COPY a whole stream in the binary format (signature, rows, trailer) made elsewhere: the replay
+        loader's rows made in C from the records' bytes, with no Python value per field."""
+        with self._conn.cursor() as cur, \
+                cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.write(data)
+
     def close(self) -> None:
         self._conn.close()
 

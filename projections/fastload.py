@@ -144,18 +144,15 @@ def unavailable(codec: Any) -> str | None:
 def batch(conn: sqlite3.Connection | None, codec: Any, topics: dict[str, str], remaining: dict, offsets: dict,
           seen: dict, refold: set, result_keys: set, balances: dict) -> Any:
     """The fast path over bulk.load's state (topics: physical name -> logical), or None (then the Python loop
-    does everything). conn: the SQLite connection its rows go to; None: it hands rows (tuples) back to the
-    loop's lists, as the loop makes them (a PostgreSQL loader copies them)."""
+    does everything). conn: the SQLite connection its rows go to; None (a PostgreSQL loader): it keeps them in
+    COPY's binary format, which the loader sends after each batch (`Batch.copies`)."""
     why = unavailable(codec)
+    module = cdecode.load_module(SOURCE)
+    if why is None and conn is not None:
+        why = _direct(module, conn)
     if why is not None:
         log.info("replay loader: the Python loop serves every record (%s)", why)
         return None
-    module = cdecode.load_module(SOURCE)
-    if conn is not None:
-        direct = _direct(module, conn)
-        if direct is not None:  # the rows still skip the Python loop, then go through executemany
-            log.info("replay loader: rows made in C, inserted by the sqlite3 module (%s)", direct)
-            conn = None
     return module.Batch(conn, _insert("history", HISTORY_BIND), _insert("results", RESULT_BIND), topics, remaining,
                         offsets, seen, refold, result_keys, balances, codec.header("history"),
                         codec.header("result"), codec.header("balance"), codec.body_decoder("balance"))

@@ -6,7 +6,7 @@ record is of the common kind: a history entry of the current schema in seq order
 a result with no holds whose key is new in the share, or a balance record with plain integer amounts; every
 string ASCII, every number in 64 bits. Rows go straight from the record's bytes to SQLite's prepared
 statements (no Python string, dict or tuple per row); history rows when the share ends (`flush`), in the
-table's key order. A balance record is only read far enough to know it is
+table's key order. For a PostgreSQL loader they go into COPY's binary format instead (`copies`). A balance record is only read far enough to know it is
 well formed and whether it is its account's latest so far; the latest one's bytes are decoded once, when the
 Python loop is handed a record or the batch closes (`_settle`), not every one of the account's versions.
 Anything else (a record it cannot decode, an older schema, an out-of-order seq, links, a retried result,
@@ -17,7 +17,7 @@ takes that one record and calls back. So nothing it does not fully apply has bee
 forwarded to a queue of its own), from each message's payload, with no Python object per record; what it does
 not take goes to the Python loop as `Record` objects.
 """
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 from libc.stdio cimport snprintf
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
@@ -392,6 +392,76 @@ cdef struct HistoryFields:  # a history record's fields, as _history_fields read
     int64_t seq, occurred, at
 
 
+# --- rows for PostgreSQL's COPY, in its binary format (big-endian lengths and integers) -----------------------
+cdef struct Out:
+    char* b
+    Py_ssize_t n, size
+
+
+cdef int _reserve(Out* o, Py_ssize_t more) except -1:
+    cdef Py_ssize_t size
+    cdef char* grown
+    if o.n + more > o.size:
+        size = max(o.n + more, 2 * o.size, 1 << 16)
+        grown = <char*>PyMem_Realloc(o.b, size)
+        if grown == NULL:
+            raise MemoryError()
+        o.b = grown
+        o.size = size
+    return 0
+
+
+cdef inline void _put32(Out* o, uint32_t v) noexcept:
+    o.b[o.n] = <char>(v >> 24)
+    o.b[o.n + 1] = <char>(v >> 16)
+    o.b[o.n + 2] = <char>(v >> 8)
+    o.b[o.n + 3] = <char>v
+    o.n += 4
+
+
+cdef inline void _put_fields(Out* o, int count) noexcept:
+    o.b[o.n] = <char>(count >> 8)
+    o.b[o.n + 1] = <char>count
+    o.n += 2
+
+
+cdef inline void _put_text(Out* o, Text t) noexcept:
+    """A text field (t.n < 0: null); the caller reserved room for it."""
+    if t.n < 0:
+        _put32(o, 0xFFFFFFFF)
+        return
+    _put32(o, <uint32_t>t.n)
+    memcpy(o.b + o.n, t.s, t.n)
+    o.n += t.n
+
+
+cdef inline void _put_int8(Out* o, int64_t v) noexcept:
+    _put32(o, 8)
+    _put32(o, <uint32_t>(<uint64_t>v >> 32))
+    _put32(o, <uint32_t>(<uint64_t>v & 0xFFFFFFFF))
+
+
+cdef inline Text _literal(const char* s, int n) noexcept:
+    cdef Text t
+    t.s = s
+    t.n = n
+    return t
+
+
+# The stream COPY ... (FORMAT BINARY) reads: a signature, flags, an empty header extension; rows; a trailer
+cdef bytes COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\0" + b"\0" * 8
+cdef bytes COPY_TRAILER = b"\xff\xff"
+
+
+cdef object _copy_stream(Out* o):
+    """The rows in o as a whole COPY stream (None when there are none); o is emptied."""
+    if o.n == 0:
+        return None
+    data = COPY_SIGNATURE + PyBytes_FromStringAndSize(o.b, o.n) + COPY_TRAILER
+    o.n = 0
+    return data
+
+
 cdef inline int64_t _long(Cursor* c) noexcept:
     cdef uint64_t v = 0
     cdef int shift = 0
@@ -500,10 +570,6 @@ cdef inline object _str(Text t):
     return PyUnicode_DecodeASCII(t.s, t.n, NULL)
 
 
-cdef inline object _maybe(Text t):
-    return None if t.n < 0 else PyUnicode_DecodeASCII(t.s, t.n, NULL)
-
-
 cdef class Batch:
     """A loader's state, shared with bulk.load's Python loop (the same dicts, lists and sets), and the
     prepared statements of the loader's SQLite connection."""
@@ -526,7 +592,8 @@ cdef class Batch:
     cdef char[10] balance_header
     cdef public Py_ssize_t applied
     cdef public double reading  # seconds drain spent waiting for librdkafka's records (not applying them)
-    cdef list history_rows, result_rows
+    # Without a SQLite connection (a PostgreSQL loader): the rows taken, in COPY's binary format (`copies`)
+    cdef Out history_copy, result_copy
     # drain's partition of the record before (records come in runs of one partition): its key, kind (0
     # history, 1 results, 2 balances) and end offset (-1: not one of the loader's partitions left)
     cdef rd_kafka_topic_t* last_topic
@@ -539,8 +606,8 @@ cdef class Batch:
                  dict seen, set refold, set result_keys, dict balances, bytes history_header,
                  bytes result_header, bytes balance_header, balance_body):
         """fast: {physical topic: logical topic}; the rest as bulk.load keeps them. conn: the SQLite
-        connection the rows go to, or None: then they are appended to the lists `run` is given, as the
-        Python loop's rows are (a PostgreSQL loader copies them)."""
+        connection the rows go to, or None (a PostgreSQL loader): then they wait in COPY's binary format
+        for `copies`."""
         cdef const char* tail
         self.conn = conn
         self.db = NULL if conn is None else sq_handle(conn)
@@ -573,6 +640,10 @@ cdef class Batch:
         self.used = self.size = 0
         PyMem_Free(self.arena)
         self.arena = NULL
+        PyMem_Free(self.history_copy.b)
+        PyMem_Free(self.result_copy.b)
+        self.history_copy.b = self.result_copy.b = NULL
+        self.history_copy.n = self.history_copy.size = self.result_copy.n = self.result_copy.size = 0
         if self.history != NULL:
             SQ.finalize(self.history)
             self.history = NULL
@@ -596,11 +667,10 @@ cdef class Batch:
         else:
             sq_text(stmt, i, t.s, t.n)
 
-    def run(self, list messages, Py_ssize_t start, list history_rows, list result_rows):
+    def run(self, list messages, Py_ssize_t start):
         """Apply messages[start:] in order; the index of the first one left to the Python loop (len when
-        none). Without a connection, rows are appended to history_rows and result_rows."""
+        none). Without a connection, the rows wait in COPY's format for `copies`."""
         cdef Py_ssize_t i, n = len(messages)
-        self.history_rows, self.result_rows = history_rows, result_rows
         cdef Cursor c
         cdef int64_t offset, until
         cdef object msg, topic, key, data, found
@@ -641,14 +711,26 @@ cdef class Batch:
                 return self._handed_back(i)
         return n
 
-    def drain(self, Reader reader, Py_ssize_t want, int timeout_ms, list history_rows, list result_rows):
+    def copies(self):
+        """Without a connection: [(table, a whole COPY ... (FORMAT BINARY) stream of the rows taken since the
+        last call)], for the tables that have some. The columns are bulk's (HISTORY_COLUMNS, RESULT_COLUMNS),
+        text and int8 as PostgreSQL's DDL types them."""
+        out = []
+        data = _copy_stream(&self.history_copy)
+        if data is not None:
+            out.append(("history", data))
+        data = _copy_stream(&self.result_copy)
+        if data is not None:
+            out.append(("results", data))
+        return out
+
+    def drain(self, Reader reader, Py_ssize_t want, int timeout_ms):
         """Read up to `want` records from the reader (waiting at most timeout_ms for the first) and apply them
         as `run` applies a batch of messages; (how many were read, the records from the first one left to the
         Python loop on, as Record objects it takes as it takes messages: usually none)."""
         cdef Py_ssize_t n, i = 0, j
         cdef list left = []
         cdef timespec before, after
-        self.history_rows, self.result_rows = history_rows, result_rows
         self.last_topic = NULL  # the partitions left may have changed since the last drain
         clock_gettime(CLOCK_MONOTONIC, &before)
         n = reader.read(want, timeout_ms)
@@ -743,14 +825,10 @@ cdef class Batch:
             else:
                 ranges.append([seq, seq])
             state[1] = (seq, (occurred, seq), total, (at, seq))
-        if self.db == NULL:  # the row bulk.history_row makes
+        if self.db == NULL:  # the row bulk.history_row makes, for COPY
             by_time.n = snprintf(digits, sizeof(digits), "%lld", <long long>total)
             by_time.s = digits
-            self.history_rows.append((name, seq, _str(f.entry_id), _str(f.currency), _str(f.amount),
-                                      _str(f.posted_after), _str(f.held_after), _maybe(f.transaction_id),
-                                      _str(f.kind), _maybe(f.reference), _maybe(f.hold_id), occurred, at,
-                                      _str(f.command_id), _str(f.client_id), _str(by_time), _str(f.held_after),
-                                      "[]", "{}", _maybe(f.rate)))
+            self._copy_history(&f, by_time, c.n)
             return True
         self._defer(name, c, total)
         return True
@@ -780,6 +858,34 @@ cdef class Batch:
         memcpy(self.arena + self.used + 4, c.b + 10, body)
         memcpy(self.arena + self.used + 4 + body, &total, 8)
         self.used += 4 + body + 8
+        return 0
+
+    cdef int _copy_history(self, HistoryFields* f, Text by_time, Py_ssize_t length) except -1:
+        """The row bulk.history_row makes (HISTORY_COLUMNS), in COPY's binary format. Every text but by_time
+        and the literals is in the record (length bytes), held_after twice."""
+        cdef Out* o = &self.history_copy
+        _reserve(o, 2 + 20 * 4 + 2 * length + 3 * 8 + by_time.n + 4)
+        _put_fields(o, 20)
+        _put_text(o, f.account)
+        _put_int8(o, f.seq)
+        _put_text(o, f.entry_id)
+        _put_text(o, f.currency)
+        _put_text(o, f.amount)
+        _put_text(o, f.posted_after)
+        _put_text(o, f.held_after)
+        _put_text(o, f.transaction_id)
+        _put_text(o, f.kind)
+        _put_text(o, f.reference)
+        _put_text(o, f.hold_id)
+        _put_int8(o, f.occurred)
+        _put_int8(o, f.at)
+        _put_text(o, f.command_id)
+        _put_text(o, f.client_id)
+        _put_text(o, by_time)
+        _put_text(o, f.held_after)
+        _put_text(o, _literal("[]", 2))
+        _put_text(o, _literal("{}", 2))
+        _put_text(o, f.rate)
         return 0
 
     def flush(self):
@@ -847,6 +953,7 @@ cdef class Batch:
 
     cdef bint _result(self, Cursor* c, object key, int64_t offset) except -1:
         cdef Text command_id, client_id, reason, detail, transaction_id
+        cdef Out* o
         cdef int64_t outcome, at
         cdef bint duplicate
         cdef sqlite3_stmt* stmt
@@ -873,9 +980,18 @@ cdef class Batch:
             return False  # a retried result: kept aside and applied at the end, by the Python loop
         self._taken(key, offset)
         self.result_keys.add(h)
-        if self.db == NULL:  # the row bulk.result_row makes
-            self.result_rows.append((client, command, "accepted" if outcome == 0 else "rejected", _maybe(reason),
-                                     _str(detail), _maybe(transaction_id), at, "[]"))
+        if self.db == NULL:  # the row bulk.result_row makes (RESULT_COLUMNS), in COPY's binary format
+            o = &self.result_copy
+            _reserve(o, 2 + 8 * 4 + c.n + 8 + 8 + 2)
+            _put_fields(o, 8)
+            _put_text(o, client_id)
+            _put_text(o, command_id)
+            _put_text(o, _literal("accepted", 8) if outcome == 0 else _literal("rejected", 8))
+            _put_text(o, reason)
+            _put_text(o, detail)
+            _put_text(o, transaction_id)
+            _put_int8(o, at)
+            _put_text(o, _literal("[]", 2))
             return True
         stmt = self.results
         self._bind(stmt, 1, client_id)

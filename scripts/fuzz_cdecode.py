@@ -284,6 +284,7 @@ def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
     from schemas import cdecode
     from schemas.codec import codec
     from tests.helpers.stub_consumer import Message
+    from tests.helpers.pgcopy import rows_of
 
     module = cdecode.load_module(fastload.SOURCE, directory)
     if module is None or not module.bind_library(next(
@@ -317,7 +318,10 @@ def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
                                  c.body_decoder("balance"))
             if direct:
                 conn.execute("BEGIN")
-            at = batch.run([Message(topic, 0, 0, value)], 0, rows["history"], rows["results"])
+            at = batch.run([Message(topic, 0, 0, value)], 0)
+            for table, data in ([] if direct else batch.copies()):  # a PostgreSQL loader's rows, read back
+                rows[table] += rows_of(data, bulk.PgSink.HISTORY_TYPES if table == "history"
+                                       else bulk.PgSink.RESULT_TYPES)
             batch.flush()  # (a history row taken for SQLite is inserted here)
             batch.close()  # (a balance record taken is decoded into `balances` here)
             if topic == "balances":

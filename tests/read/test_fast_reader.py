@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from projections import bulk, fastload
 from schemas.codec import codec
 from tests.helpers.loader_traffic import history, needs_build, traffic
+from tests.helpers.pgcopy import rows_of
 
 WAYS = {"read in C": {}, "consume()": {"LEDGER_LOADER": "consume"}, "Python loop": {"LEDGER_LOADER": "python"}}
 
@@ -122,9 +123,10 @@ def test_records_past_a_partitions_end_are_read_and_left_alone(settings):
         consumer.assign([TopicPartition(topic, 0, 0)])
         read, deadline = 0, time.monotonic() + 30
         while read < 10 and time.monotonic() < deadline:
-            count, left = fast.drain(reader, 100, 100, rows, [])
+            count, left = fast.drain(reader, 100, 100)
             assert left == []
             read += count
+            rows += [row for _, data in fast.copies() for row in rows_of(data, bulk.PgSink.HISTORY_TYPES)]
         assert read == 10
     finally:
         fast.close()

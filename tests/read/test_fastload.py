@@ -22,6 +22,7 @@ from schemas import cdecode
 from schemas.codec import codec
 from streams import config
 from tests.helpers.loader_traffic import history, needs_build, traffic
+from tests.helpers.pgcopy import rows_of
 from tests.helpers.stub_consumer import Message, consumer_of
 
 def _load(tmp: Path, settings, messages, ends, keys, batch: int, fast: bool):
@@ -49,12 +50,21 @@ def test_the_fast_path_serves_the_current_schemas():
 
 
 @needs_build
-@pytest.mark.parametrize("seed", range(40))
-def test_the_fast_path_loads_what_the_python_loop_loads(tmp_path, seed, monkeypatch):
-    """Seeds 30 and above: on an interpreter whose connection layout is not known, the rows are made in C and
-    inserted by the sqlite3 module."""
-    if seed >= 30:
-        monkeypatch.setattr(fastload, "HANDLE_FIRST", ())
+def test_a_sqlite_connection_it_cannot_trust_gets_the_python_loop(tmp_path, monkeypatch):
+    """On an interpreter whose sqlite3 connection layout is not known here, the fast path does not serve a
+    SQLite loader at all (its rows go straight to the connection's handle, or nowhere)."""
+    sink = bulk.SqliteSink(str(tmp_path / "x.db"))
+    args = (codec(), {}, {}, {}, {}, set(), set(), {})
+    assert fastload.batch(sink.conn, *args) is not None
+    monkeypatch.setattr(fastload, "HANDLE_FIRST", ())
+    assert fastload.batch(sink.conn, *args) is None
+    assert fastload.batch(None, *args) is not None  # a PostgreSQL loader's rows do not need the handle
+    sink.close()
+
+
+@needs_build
+@pytest.mark.parametrize("seed", range(30))
+def test_the_fast_path_loads_what_the_python_loop_loads(tmp_path, seed):
     settings, messages, ends, keys = traffic(seed)
     batch = [1, 7, 10_000][seed % 3]
     python_loaded, python_tables = _load(tmp_path, settings, messages, ends, keys, batch, fast=False)
@@ -68,9 +78,17 @@ def test_the_fast_path_loads_what_the_python_loop_loads(tmp_path, seed, monkeypa
 
 
 class RowSink:
+    """What a PostgreSQL loader would copy: the Python loop's rows, and the fast path's COPY streams read back."""
+
     def __init__(self):
         self.rows = {"history": [], "links": [], "results": []}
         self.finished = None
+        self.streams = 0
+
+    def copy(self, table, data):
+        self.streams += 1
+        self.rows[table] += rows_of(data, bulk.PgSink.HISTORY_TYPES if table == "history"
+                                    else bulk.PgSink.RESULT_TYPES)
 
     def history(self, rows):
         self.rows["history"] += rows
@@ -91,8 +109,9 @@ class RowSink:
 @needs_build
 @pytest.mark.parametrize("seed", range(40, 60))
 def test_the_rows_it_hands_a_postgresql_loader_are_the_python_loops(seed):
-    """Without a SQLite connection (a PostgreSQL loader) the fast path makes the rows the loop makes, in the
-    same order."""
+    """Without a SQLite connection (a PostgreSQL loader) the fast path makes the rows the loop makes, in COPY's
+    binary format (in streams of their own: the order of rows between two streams does not matter to a
+    table, whose keys are unique in a share)."""
     settings, messages, ends, keys = traffic(seed)
     outcomes = []
     for fast in (False, True):
@@ -101,7 +120,9 @@ def test_the_rows_it_hands_a_postgresql_loader_are_the_python_loops(seed):
         with mock.patch.object(bulk, "Consumer", consumer_of(messages, ends, [1, 7, 10_000][seed % 3])), \
                 mock.patch.dict("os.environ", env):
             loaded = bulk.load(settings, keys, sink, lambda n: None)
-        outcomes.append((sink.rows, sink.finished, loaded.applied, loaded.skipped, loaded.offsets, loaded.balances,
+        assert (sink.streams > 0) == fast
+        rows = {table: sorted(got, key=repr) for table, got in sink.rows.items()}
+        outcomes.append((rows, sink.finished, loaded.applied, loaded.skipped, loaded.offsets, loaded.balances,
                          loaded.holds, loaded.refold))
     assert outcomes[1] == outcomes[0]
 
