@@ -19,7 +19,8 @@ less, and do it in several processes:
    kept aside and applied at the end with the projector's statements, in log order: the row kept is the
    one the projector keeps (the last decision, never an id_conflict over a decision). Then the loader
    recomputes the folds by time of its accounts whose entries came out of order, commits, and builds the
-   secondary indexes of the tables no other loader writes, while the others go on.
+   secondary indexes of the tables no other loader writes, while the others go on (PostgreSQL: through a
+   queue the loaders share, IndexWork, so one done with its own tables builds another's).
 3. At the end this process copies the other loaders' SQLite files into the store (into an empty table with
    the same indexes SQLite transfers the records and index entries in key order, with no decoding and no
    sort), writes what is per account (balance rows, summed views, currency sums), the holds, the offsets
@@ -143,14 +144,36 @@ class SqliteSink:
         self.conn.close()
 
 
+class IndexWork:
+    """The secondary index builds of a PostgreSQL rebuild, shared by its loaders: each queues its tables' (once
+    their rows, primary keys, late results and refolds are in) and then builds from the queue until it is
+    empty, so a loader done with its own tables takes builds of a table another loader is still indexing.
+    CREATE INDEX takes a SHARE lock, which does not conflict with itself: builds on one table run side by
+    side. No loader waits for another to queue: one that finds the queue empty is done."""
+
+    def __init__(self, ctx) -> None:
+        self.queue = ctx.SimpleQueue()  # put writes to the pipe at once: queued before `add` returns
+        self.lock = ctx.Lock()  # the check and the take, together
+
+    def add(self, statements: list[str]) -> None:
+        for statement in statements:
+            self.queue.put(statement)
+
+    def take(self) -> str | None:
+        with self.lock:
+            return None if self.queue.empty() else self.queue.get()
+
+
 class PgSink:
-    """COPY into the store's tables in PostgreSQL (a connection per loader)."""
+    """COPY into the store's tables in PostgreSQL (a connection per loader). work: the rebuild's shared index
+    builds (None: this loader builds its tables' indexes itself)."""
 
     HISTORY_TYPES = db.copy_types(SCHEMA_TABLES, "history", HISTORY_COLUMNS)
     RESULT_TYPES = db.copy_types(SCHEMA_TABLES, "results", RESULT_COLUMNS)
 
-    def __init__(self, target: str):
+    def __init__(self, target: str, work: IndexWork | None = None):
         self.conn = db.connect(target)
+        self.work = work
 
     def history(self, rows: list[tuple]) -> None:
         self.conn.copy_rows("history", HISTORY_COLUMNS, rows, self.HISTORY_TYPES)
@@ -175,9 +198,13 @@ class PgSink:
             for conflict, row in late_results:
                 self.conn.execute(KEEP_RESULT if conflict else REPLACE_RESULT, row)
             refold_by_time(self.conn, sorted(refold))
-        rest = "".join(f"{st};\n" for st in statements if not st.startswith("ALTER TABLE"))
-        if rest:  # built by the server while the other loaders go on
-            db.create_tables(self.conn, rest)
+        rest = [f"{st};\n" for st in statements if not st.startswith("ALTER TABLE")]
+        if self.work is None:  # built by the server while the other loaders go on
+            db.create_tables(self.conn, "".join(rest))
+            return
+        self.work.add(rest)
+        while (statement := self.work.take()) is not None:  # this loader's, then any other's still queued
+            db.create_tables(self.conn, statement)
 
     def close(self) -> None:
         self.conn.close()
@@ -395,7 +422,9 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
              + (" (the common ones in C" + (", read in C too)" if reader is not None else ")")
                 if fast_path is not None else ""))
         sink.finish(late_results, refold, indexes)
-        mark(f"committed, {len(refold)} accounts refolded" + (f", indexes of {', '.join(_tables(keys))} built"
+        shared = " (queued with the other loaders', built by whichever was free)" \
+            if getattr(sink, "work", None) is not None else ""
+        mark(f"committed, {len(refold)} accounts refolded" + (f", indexes of {', '.join(_tables(keys))} built{shared}"
                                                                if indexes else ""))
         return out
     finally:
@@ -427,11 +456,11 @@ def _serve_consumer_queue(consumer: Consumer, reader, name: str) -> None:
 
 
 def _child(settings: Settings, keys: dict[Key, tuple[int, int]], target: str, part: str | None, index: int,
-           indexes: str, counters, queue, origin: float) -> None:
+           indexes: str, counters, queue, origin: float, work: IndexWork | None = None) -> None:
     """A loader process: its share into its own SQLite file (part) or into the PostgreSQL store."""
     started = time.time() - origin
     try:
-        sink = SqliteSink(part) if part is not None else PgSink(target)
+        sink = SqliteSink(part) if part is not None else PgSink(target, work)
         try:
             def progress(n: int) -> None:
                 counters[index] = n
@@ -624,6 +653,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
     ctx = mp.get_context(method)
     counters = ctx.Array("q", len(split))
     queue = ctx.Queue()
+    work = IndexWork(ctx) if postgres and len(split) > 1 else None
     children = []
     parts: list[tuple[str, list[str]]] = []  # SQLite: (a loader's file, the tables indexed in it)
 
@@ -633,7 +663,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
             if part:
                 parts.append((part, indexed[i]))
             child = ctx.Process(target=_child, args=(settings, share, target, part, i, loader_indexes[i],
-                                                     counters, queue, origin),
+                                                     counters, queue, origin, work),
                                 name=f"replay-loader-{i}", daemon=True)
             child.start()
             children.append(child)
@@ -643,7 +673,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
             conn = db.connect(target)
             db.create_tables(conn, tables_without_keys(deferred))
             start_children()
-            sink = PgSink(target)
+            sink = PgSink(target, work)
         else:  # the loaders first: a process takes long to start, and each has a file of its own
             start_children()
             main_path = f"{target}.partial-{uuid.uuid4().hex[:8]}"

@@ -71,3 +71,30 @@ def test_loaders_fork_only_from_a_process_that_runs_one_thread():
     assert _start_method_in_a_fresh_process(client + "c.close()") == "fork"
     thread = "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()"
     assert _start_method_in_a_fresh_process(thread) == "spawn"
+
+
+def _queue_and_take(work, statements, taken):
+    work.add(statements)
+    while (statement := work.take()) is not None:
+        taken.put(statement)
+    taken.put(None)
+
+
+def test_the_loaders_index_builds_are_shared():
+    """A PostgreSQL rebuild's loaders queue their tables' index builds and take from the queue until it is
+    empty (bulk.IndexWork): what one loader queued, another process takes, each once, in order."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    work = bulk.IndexWork(ctx)
+    work.add(["CREATE INDEX a", "CREATE INDEX b"])  # this loader's, still queued
+    taken = ctx.SimpleQueue()
+    other = ctx.Process(target=_queue_and_take, args=(work, ["CREATE INDEX c"], taken))
+    other.start()
+    other.join(60)
+    assert other.exitcode == 0
+    got = []
+    while (statement := taken.get()) is not None:
+        got.append(statement)
+    assert got == ["CREATE INDEX a", "CREATE INDEX b", "CREATE INDEX c"]
+    assert work.take() is None
