@@ -417,6 +417,9 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             out.applied += fast_path.applied
             waited += fast_path.reading
             fast_path.flush()  # the history rows it kept, in key order
+            if copying:
+                for table, data in fast_path.copies():
+                    sink.copy(table, data)
             fast_path.close()  # its statements, before the connection commits and closes
         mark(f"{out.applied} records consumed and written, {waited:.2f} s of it reading"
              + (" (the common ones in C" + (", read in C too)" if reader is not None else ")")

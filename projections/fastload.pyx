@@ -825,19 +825,16 @@ cdef class Batch:
             else:
                 ranges.append([seq, seq])
             state[1] = (seq, (occurred, seq), total, (at, seq))
-        if self.db == NULL:  # the row bulk.history_row makes, for COPY
-            by_time.n = snprintf(digits, sizeof(digits), "%lld", <long long>total)
-            by_time.s = digits
-            self._copy_history(&f, by_time, c.n)
-            return True
         self._defer(name, c, total)
         return True
 
     cdef int _defer(self, object name, Cursor* c, int64_t total) except -1:
-        """Keep a history row taken for SQLite until `flush`, which inserts the rows in key order: inserted
-        as they come (the log's order, accounts interleaved) each row lands on a random page of the table's
-        B-tree; in key order each lands after the one before (docs/read-side.md measures both). The row is
-        kept as the record's bytes after the header and its fold, in an arena, and read again at the flush."""
+        """Keep a history row taken until `flush`, which writes the rows in the table's key order. Into
+        SQLite as they come (the log's order, accounts interleaved) each row lands on a random page of the
+        table's B-tree; in key order each lands after the one before. Copied into PostgreSQL in key order,
+        the table's rows are in the order of its primary key and of its two indexes by time, whose builds
+        then sort input that is already sorted (docs/read-side.md measures both). The row is kept as the
+        record's bytes after the header and its fold, in an arena, and read again at the flush."""
         cdef Py_ssize_t body = c.n - 10, need = self.used + 4 + body + 8
         cdef int32_t length = <int32_t>body
         cdef char* grown
@@ -889,34 +886,40 @@ cdef class Batch:
         return 0
 
     def flush(self):
-        """Insert the history rows kept so far, in key order (account, then seq: each account's rows were
-        taken in seq order). Before the share commits, refolds or builds its indexes."""
+        """Write the history rows kept so far in key order (account, then seq: each account's rows were
+        taken in seq order): into SQLite, or for PostgreSQL into the stream `copies` hands over next. Before
+        the share commits, refolds or builds its indexes."""
         self._flush()
 
     cdef int _flush(self) except -1:
-        cdef sqlite3_stmt* stmt = self.history
-        cdef void* mutex = SQ.db_mutex(self.db) if self.db != NULL else NULL
+        cdef void* mutex
         if not self.pending:
             return 0
-        # Every bind, step and reset takes the connection's (recursive) mutex; held here once, each of them
-        # re-enters it without an atomic operation.
-        SQ.mutex_enter(mutex)
-        try:
-            self._insert_kept(stmt)
-        finally:
-            SQ.mutex_leave(mutex)
+        if self.db == NULL:  # PostgreSQL's: no SQLite here (whose functions may not even be bound)
+            self._write_kept()
+        else:
+            # Every bind, step and reset takes the connection's (recursive) mutex; held here once, each of
+            # them re-enters it without an atomic operation.
+            mutex = SQ.db_mutex(self.db)
+            SQ.mutex_enter(mutex)
+            try:
+                self._write_kept()
+            finally:
+                SQ.mutex_leave(mutex)
         self.pending.clear()
         self.used = 0
         return 0
 
-    cdef int _insert_kept(self, sqlite3_stmt* stmt) except -1:
+    cdef int _write_kept(self) except -1:
         cdef HistoryFields f
         cdef Cursor c
         cdef int32_t length
         cdef int64_t total, at
         cdef char digits[24]
         cdef Text by_time
-        # SQLite compares TEXT keys bytewise; these names are ASCII, whose str order is the same
+        cdef sqlite3_stmt* stmt = self.history
+        # Both databases compare these keys bytewise (PostgreSQL's columns are COLLATE "C"); the names are
+        # ASCII, whose str order is the same
         for name in sorted(self.pending):
             for at in <list>self.pending[name]:
                 memcpy(&length, self.arena + at, 4)
@@ -928,6 +931,9 @@ cdef class Batch:
                 _history_fields(&c, &f)
                 by_time.n = snprintf(digits, sizeof(digits), "%lld", <long long>total)
                 by_time.s = digits
+                if self.db == NULL:
+                    self._copy_history(&f, by_time, length + 10)
+                    continue
                 self._bind(stmt, 1, f.account)
                 SQ.bind_int64(stmt, 2, f.seq)
                 self._bind(stmt, 3, f.entry_id)

@@ -319,10 +319,10 @@ def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
             if direct:
                 conn.execute("BEGIN")
             at = batch.run([Message(topic, 0, 0, value)], 0)
+            batch.flush()  # (a history row taken is written here: into SQLite, or into the COPY stream)
             for table, data in ([] if direct else batch.copies()):  # a PostgreSQL loader's rows, read back
                 rows[table] += rows_of(data, bulk.PgSink.HISTORY_TYPES if table == "history"
                                        else bulk.PgSink.RESULT_TYPES)
-            batch.flush()  # (a history row taken for SQLite is inserted here)
             batch.close()  # (a balance record taken is decoded into `balances` here)
             if topic == "balances":
                 got = [state["balances"]] if state["balances"] else []
