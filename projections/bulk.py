@@ -40,6 +40,7 @@ import gc
 import json
 import logging
 import multiprocessing as mp
+import multiprocessing.sharedctypes  # noqa: F401  ctx.Array's (and ctypes): with this module, not 14-24 ms into the first rebuild
 import os
 import sqlite3
 import tempfile
