@@ -19,6 +19,7 @@ not take goes to the Python loop as `Record` objects.
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
+from libc.stdlib cimport qsort
 from libc.stdio cimport snprintf
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
@@ -462,6 +463,38 @@ cdef object _copy_stream(Out* o):
     return data
 
 
+cdef struct Span:  # a row in an Out buffer
+    Py_ssize_t start, length
+
+
+cdef const char* _sorting = NULL  # the buffer whose rows _by_result_key compares (qsort has no context)
+
+
+cdef inline int _field_cmp(const char* a, const char* b, uint32_t* la, uint32_t* lb) noexcept nogil:
+    """Compare two length-prefixed text fields bytewise (shorter first on a common prefix), as PostgreSQL's
+    COLLATE "C" does; la, lb: their lengths."""
+    cdef int c
+    la[0] = (<uint32_t>(<unsigned char>a[0]) << 24) | (<uint32_t>(<unsigned char>a[1]) << 16) \
+        | (<uint32_t>(<unsigned char>a[2]) << 8) | <unsigned char>a[3]
+    lb[0] = (<uint32_t>(<unsigned char>b[0]) << 24) | (<uint32_t>(<unsigned char>b[1]) << 16) \
+        | (<uint32_t>(<unsigned char>b[2]) << 8) | <unsigned char>b[3]
+    c = memcmp(a + 4, b + 4, la[0] if la[0] < lb[0] else lb[0])
+    if c != 0:
+        return c
+    return (la[0] > lb[0]) - (la[0] < lb[0])
+
+
+cdef int _by_result_key(const void* x, const void* y) noexcept nogil:
+    """Two result rows by the results table's key (client_id, command_id): its first two fields."""
+    cdef const char* a = _sorting + (<const Span*>x).start + 2
+    cdef const char* b = _sorting + (<const Span*>y).start + 2
+    cdef uint32_t la, lb
+    cdef int c = _field_cmp(a, b, &la, &lb)
+    if c != 0:
+        return c
+    return _field_cmp(a + 4 + la, b + 4 + lb, &la, &lb)
+
+
 cdef inline int64_t _long(Cursor* c) noexcept:
     cdef uint64_t v = 0
     cdef int shift = 0
@@ -594,6 +627,10 @@ cdef class Batch:
     cdef public double reading  # seconds drain spent waiting for librdkafka's records (not applying them)
     # Without a SQLite connection (a PostgreSQL loader): the rows taken, in COPY's binary format (`copies`)
     cdef Out history_copy, result_copy
+    # ... result rows kept until `flush` sorts them by the table's key (result_spans: where each one is)
+    cdef Out result_pending
+    cdef Span* result_spans
+    cdef Py_ssize_t result_count, result_cap
     # drain's partition of the record before (records come in runs of one partition): its key, kind (0
     # history, 1 results, 2 balances) and end offset (-1: not one of the loader's partitions left)
     cdef rd_kafka_topic_t* last_topic
@@ -642,8 +679,13 @@ cdef class Batch:
         self.arena = NULL
         PyMem_Free(self.history_copy.b)
         PyMem_Free(self.result_copy.b)
-        self.history_copy.b = self.result_copy.b = NULL
+        PyMem_Free(self.result_pending.b)
+        PyMem_Free(self.result_spans)
+        self.history_copy.b = self.result_copy.b = self.result_pending.b = NULL
         self.history_copy.n = self.history_copy.size = self.result_copy.n = self.result_copy.size = 0
+        self.result_pending.n = self.result_pending.size = 0
+        self.result_spans = NULL
+        self.result_count = self.result_cap = 0
         if self.history != NULL:
             SQ.finalize(self.history)
             self.history = NULL
@@ -887,9 +929,31 @@ cdef class Batch:
 
     def flush(self):
         """Write the history rows kept so far in key order (account, then seq: each account's rows were
-        taken in seq order): into SQLite, or for PostgreSQL into the stream `copies` hands over next. Before
-        the share commits, refolds or builds its indexes."""
+        taken in seq order): into SQLite, or for PostgreSQL into the stream `copies` hands over next, with
+        the result rows kept, in the results table's key order. Before the share commits, refolds or builds
+        its indexes."""
         self._flush()
+        self._flush_results()
+
+    cdef int _flush_results(self) except -1:
+        """The result rows kept (PostgreSQL), sorted by the results table's key, onto the stream `copies`
+        hands over: its primary key's build then sorts sorted input (docs/read-side.md)."""
+        global _sorting
+        cdef Py_ssize_t i
+        cdef Span* span
+        if self.result_count == 0:
+            return 0
+        _sorting = self.result_pending.b
+        qsort(self.result_spans, self.result_count, sizeof(Span), _by_result_key)
+        _sorting = NULL
+        _reserve(&self.result_copy, self.result_pending.n)
+        for i in range(self.result_count):
+            span = &self.result_spans[i]
+            memcpy(self.result_copy.b + self.result_copy.n, self.result_pending.b + span.start, span.length)
+            self.result_copy.n += span.length
+        self.result_pending.n = 0
+        self.result_count = 0
+        return 0
 
     cdef int _flush(self) except -1:
         cdef void* mutex
@@ -960,6 +1024,7 @@ cdef class Batch:
     cdef bint _result(self, Cursor* c, object key, int64_t offset) except -1:
         cdef Text command_id, client_id, reason, detail, transaction_id
         cdef Out* o
+        cdef Span* spans
         cdef int64_t outcome, at
         cdef bint duplicate
         cdef sqlite3_stmt* stmt
@@ -987,7 +1052,16 @@ cdef class Batch:
         self._taken(key, offset)
         self.result_keys.add(h)
         if self.db == NULL:  # the row bulk.result_row makes (RESULT_COLUMNS), in COPY's binary format
-            o = &self.result_copy
+            o = &self.result_pending
+            if o.n > DEFER_BYTES:
+                self._flush_results()  # bounded memory: key-ordered runs
+            if self.result_count == self.result_cap:
+                spans = <Span*>PyMem_Realloc(self.result_spans, max(1024, 2 * self.result_cap) * sizeof(Span))
+                if spans == NULL:
+                    raise MemoryError()
+                self.result_spans = spans
+                self.result_cap = max(1024, 2 * self.result_cap)
+            self.result_spans[self.result_count].start = o.n
             _reserve(o, 2 + 8 * 4 + c.n + 8 + 8 + 2)
             _put_fields(o, 8)
             _put_text(o, client_id)
@@ -998,6 +1072,8 @@ cdef class Batch:
             _put_text(o, transaction_id)
             _put_int8(o, at)
             _put_text(o, _literal("[]", 2))
+            self.result_spans[self.result_count].length = o.n - self.result_spans[self.result_count].start
+            self.result_count += 1
             return True
         stmt = self.results
         self._bind(stmt, 1, client_id)

@@ -84,11 +84,13 @@ class RowSink:
         self.rows = {"history": [], "links": [], "results": []}
         self.finished = None
         self.streams = 0
+        self.copied = []  # (table, the rows of one stream)
 
     def copy(self, table, data):
         self.streams += 1
-        self.rows[table] += rows_of(data, bulk.PgSink.HISTORY_TYPES if table == "history"
-                                    else bulk.PgSink.RESULT_TYPES)
+        rows = rows_of(data, bulk.PgSink.HISTORY_TYPES if table == "history" else bulk.PgSink.RESULT_TYPES)
+        self.rows[table] += rows
+        self.copied.append((table, rows))
 
     def history(self, rows):
         self.rows["history"] += rows
@@ -125,6 +127,22 @@ def test_the_rows_it_hands_a_postgresql_loader_are_the_python_loops(seed):
         outcomes.append((rows, sink.finished, loaded.applied, loaded.skipped, loaded.offsets, loaded.balances,
                          loaded.holds, loaded.refold))
     assert outcomes[1] == outcomes[0]
+
+
+@needs_build
+@pytest.mark.parametrize("seed", [40, 41, 42])
+def test_the_rows_a_postgresql_loader_copies_come_in_key_order(seed):
+    """The fast path's streams hold history rows in the history table's key order (account, seq) and result
+    rows in the results table's (client_id, command_id), compared bytewise as PostgreSQL's COLLATE "C"
+    does: their primary keys' builds sort input already sorted."""
+    settings, messages, ends, keys = traffic(seed)
+    sink = RowSink()
+    with mock.patch.object(bulk, "Consumer", consumer_of(messages, ends, 7)):
+        bulk.load(settings, keys, sink, lambda n: None)
+    assert {table for table, _ in sink.copied} == {"history", "results"}
+    for table, rows in sink.copied:
+        key = [(row[0].encode(), row[1] if table == "history" else row[1].encode()) for row in rows]
+        assert len(rows) > 1 and key == sorted(key), table
 
 
 @needs_build
