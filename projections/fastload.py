@@ -2,8 +2,8 @@
 
 `bulk.load` spends most of a history record's time in its own Python: the loop, a dict per decoded record, a
 tuple per row, and `executemany` binding twenty Python values (docs/read-side.md). `fastload.pyx` takes the
-common records from their bytes straight to SQLite's prepared statements, or to the row tuples a loader
-writes, without the decoded dicts, and hands anything else back to `bulk.load`'s Python loop, which stays the
+common records from their bytes straight to SQLite's prepared statements, or for PostgreSQL into COPY's binary
+format, without the decoded dicts, and hands anything else back to `bulk.load`'s Python loop, which stays the
 source of truth (a differential test compares the two on hostile and irregular records as well as ordinary
 ones).
 
@@ -13,8 +13,8 @@ result schemas are the ones it reads (their fingerprints, below), and `LEDGER_LO
 the Python loop does everything. Its rows go straight to SQLite when the interpreter is CPython 3.11-3.13
 (whose sqlite3.Connection begins with its handle), its sqlite3 module uses SQLite as a shared library (whose
 functions the module takes: no header or link-time dependency of its own) and SQLite says that handle opened
-the connection's file; otherwise, and for PostgreSQL, it hands the row tuples to the loader, which inserts
-or copies them as it does its own.
+the connection's file; otherwise it does not serve a SQLite loader (logged). A PostgreSQL loader's rows need
+no handle: the loader copies the streams it makes.
 
 When it serves, the loader's records are read in C as well (`reader`, `Batch.drain`: librdkafka's messages,
 no Python object per record) where confluent-kafka's consumer and its librdkafka are the ones this module
@@ -133,6 +133,8 @@ def unavailable(codec: Any) -> str | None:
         return "LEDGER_LOADER=python"
     if cdecode.load_module(SOURCE) is None:
         return "the module is not built (python -m schemas.cdecode build)"
+    if getattr(sys, "_is_gil_enabled", lambda: True)() is False:
+        return "the interpreter runs without its GIL, which the module relies on"
     changed = [n for n, h in SCHEMA_HEADERS.items() if codec.header(n).hex() != h]
     if changed:
         return f"the current {' and '.join(changed)} schema is not the one fastload.pyx reads"

@@ -369,9 +369,10 @@ def handle_file(conn) -> str:
     return (<bytes>name).decode() if name != NULL else ""
 
 
-# A loader keeps the history rows it takes for SQLite until this many bytes of them (their records), then
-# inserts them in key order (Batch._defer): about 500,000 rows of the ledger's history.
-cdef Py_ssize_t DEFER_BYTES = 128 * 1024 * 1024
+# A loader keeps the history records it takes (and, for PostgreSQL, its result rows) until this many bytes of
+# them, then writes them in key order (Batch._defer): about 250,000 history entries. For PostgreSQL the rows
+# in COPY's format and the stream handed over add about three times as much again at a flush.
+cdef Py_ssize_t DEFER_BYTES = 64 * 1024 * 1024
 
 
 # --- reading the record's bytes: any irregularity makes the record the Python loop's --------------------------
@@ -458,7 +459,12 @@ cdef object _copy_stream(Out* o):
     """The rows in o as a whole COPY stream (None when there are none); o is emptied."""
     if o.n == 0:
         return None
-    data = COPY_SIGNATURE + PyBytes_FromStringAndSize(o.b, o.n) + COPY_TRAILER
+    cdef Py_ssize_t head = len(COPY_SIGNATURE)
+    data = PyBytes_FromStringAndSize(NULL, head + o.n + 2)  # one copy of the rows, not three
+    cdef char* p = PyBytes_AS_STRING(data)
+    memcpy(p, <const char*>COPY_SIGNATURE, head)
+    memcpy(p + head, o.b, o.n)
+    memcpy(p + head + o.n, <const char*>COPY_TRAILER, 2)
     o.n = 0
     return data
 
@@ -631,6 +637,8 @@ cdef class Batch:
     cdef Out result_pending
     cdef Span* result_spans
     cdef Py_ssize_t result_count, result_cap
+    cdef bint closed
+    cdef int refused  # a bind's return codes since the last step (SQLite's, or'ed)
     # drain's partition of the record before (records come in runs of one partition): its key, kind (0
     # history, 1 results, 2 balances) and end offset (-1: not one of the loader's partitions left)
     cdef rd_kafka_topic_t* last_topic
@@ -671,8 +679,16 @@ cdef class Batch:
             raise RuntimeError(f"SQLite: {SQ.errmsg(self.db).decode()}")
 
     def close(self):
-        """The statements and the rows kept (not inserted: `flush` inserts them)."""
-        self._settle()
+        """The statements and the buffers. Rows kept and not flushed are dropped: bulk.load flushes before it
+        closes, and closes without flushing only when the share failed (the rebuild fails with it). A closed
+        batch refuses any further use."""
+        self.closed = True
+        try:
+            self._settle()
+        finally:
+            self._release()
+
+    cdef void _release(self) noexcept:
         self.pending = {}
         self.used = self.size = 0
         PyMem_Free(self.arena)
@@ -692,11 +708,22 @@ cdef class Batch:
         if self.results != NULL:
             SQ.finalize(self.results)
             self.results = NULL
+        self.db = NULL
+        self.conn = None
+
+    cdef int _open(self) except -1:
+        if self.closed:
+            raise RuntimeError("fastload: the batch is closed")
+        return 0
 
     def __dealloc__(self):
         self.close()
 
     cdef int _step(self, sqlite3_stmt* stmt) except -1:
+        if self.refused:  # a value not bound (too long for SQLite): the statement would write the last one's
+            self.refused = 0
+            SQ.reset(stmt)
+            raise RuntimeError("SQLite refused a value of a row")
         rc = SQ.step(stmt)
         SQ.reset(stmt)
         if rc != SQ_DONE:
@@ -705,14 +732,18 @@ cdef class Batch:
 
     cdef inline void _bind(self, sqlite3_stmt* stmt, int i, Text t) noexcept:
         if t.n < 0:
-            SQ.bind_null(stmt, i)
+            self.refused |= SQ.bind_null(stmt, i)
         else:
-            sq_text(stmt, i, t.s, t.n)
+            self.refused |= sq_text(stmt, i, t.s, t.n)
+
+    cdef inline void _bind_int(self, sqlite3_stmt* stmt, int i, int64_t v) noexcept:
+        self.refused |= SQ.bind_int64(stmt, i, v)
 
     def run(self, list messages, Py_ssize_t start):
         """Apply messages[start:] in order; the index of the first one left to the Python loop (len when
         none). Without a connection, the rows wait in COPY's format for `copies`."""
         cdef Py_ssize_t i, n = len(messages)
+        self._open()
         cdef Cursor c
         cdef int64_t offset, until
         cdef object msg, topic, key, data, found
@@ -757,6 +788,7 @@ cdef class Batch:
         """Without a connection: [(table, a whole COPY ... (FORMAT BINARY) stream of the rows taken since the
         last call)], for the tables that have some. The columns are bulk's (HISTORY_COLUMNS, RESULT_COLUMNS),
         text and int8 as PostgreSQL's DDL types them."""
+        self._open()
         out = []
         data = _copy_stream(&self.history_copy)
         if data is not None:
@@ -773,6 +805,7 @@ cdef class Batch:
         cdef Py_ssize_t n, i = 0, j
         cdef list left = []
         cdef timespec before, after
+        self._open()
         self.last_topic = NULL  # the partitions left may have changed since the last drain
         clock_gettime(CLOCK_MONOTONIC, &before)
         n = reader.read(want, timeout_ms)
@@ -827,10 +860,10 @@ cdef class Batch:
     cdef bint _history(self, Cursor* c, object key, int64_t offset) except -1:
         cdef HistoryFields f
         cdef int64_t seq, occurred, at, value, last_seq, total, tail_seq, tail_occurred, tail_at
-        cdef char digits[24]
-        cdef Text by_time
         cdef list state, ranges, last
         cdef tuple tail
+        if c.n - 10 > 0x7FFFFFFF:
+            return False  # its length would not fit where it is kept (_defer): the Python loop's
         _history_fields(c, &f)
         if (c.bad or c.p != c.n or not _integer(f.amount, &value) or not _integer(f.posted_after, &total)
                 or not _integer(f.held_after, &total)):
@@ -932,6 +965,7 @@ cdef class Batch:
         taken in seq order): into SQLite, or for PostgreSQL into the stream `copies` hands over next, with
         the result rows kept, in the results table's key order. Before the share commits, refolds or builds
         its indexes."""
+        self._open()
         self._flush()
         self._flush_results()
 
@@ -993,13 +1027,15 @@ cdef class Batch:
                 c.p = 0
                 c.bad = False
                 _history_fields(&c, &f)
+                if c.bad or c.p != c.n:
+                    raise RuntimeError("fastload: a kept history record no longer reads as it did")
                 by_time.n = snprintf(digits, sizeof(digits), "%lld", <long long>total)
                 by_time.s = digits
                 if self.db == NULL:
-                    self._copy_history(&f, by_time, length + 10)
+                    self._copy_history(&f, by_time, <Py_ssize_t>length + 10)
                     continue
                 self._bind(stmt, 1, f.account)
-                SQ.bind_int64(stmt, 2, f.seq)
+                self._bind_int(stmt, 2, f.seq)
                 self._bind(stmt, 3, f.entry_id)
                 self._bind(stmt, 4, f.currency)
                 self._bind(stmt, 5, f.amount)
@@ -1009,8 +1045,8 @@ cdef class Batch:
                 self._bind(stmt, 9, f.kind)
                 self._bind(stmt, 10, f.reference)
                 self._bind(stmt, 11, f.hold_id)
-                SQ.bind_int64(stmt, 12, f.occurred)
-                SQ.bind_int64(stmt, 13, f.at)
+                self._bind_int(stmt, 12, f.occurred)
+                self._bind_int(stmt, 13, f.at)
                 self._bind(stmt, 14, f.command_id)
                 self._bind(stmt, 15, f.client_id)
                 self._bind(stmt, 16, by_time)
@@ -1085,7 +1121,7 @@ cdef class Batch:
         self._bind(stmt, 4, reason)
         self._bind(stmt, 5, detail)
         self._bind(stmt, 6, transaction_id)
-        SQ.bind_int64(stmt, 7, at)
+        self._bind_int(stmt, 7, at)
         sq_text(stmt, 8, "[]", 2)
         self._step(stmt)
         return True

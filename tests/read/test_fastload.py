@@ -247,3 +247,37 @@ def test_the_fast_path_loads_what_the_python_loop_loads_in_small_runs(tmp_path, 
     assert fast_tables == python_tables
     assert (fast_loaded.applied, fast_loaded.skipped, fast_loaded.offsets, fast_loaded.refold) == \
         (python_loaded.applied, python_loaded.skipped, python_loaded.offsets, python_loaded.refold)
+
+
+@needs_build
+@pytest.mark.parametrize("seed", [43, 44, 45])
+def test_a_postgresql_loaders_rows_in_small_runs_are_the_python_loops(seed):
+    """With room for a few records only, the PostgreSQL loader's history and result rows are written in many
+    key-ordered runs, each as it fills: the same rows as the Python loop's."""
+    module = cdecode.load_module(fastload.SOURCE)
+    settings, messages, ends, keys = traffic(seed)
+    outcomes = []
+    before = module.defer_bytes()
+    try:
+        module.defer_bytes(300 * (seed % 3 + 1))
+        for fast in (False, True):
+            sink = RowSink()
+            env = {} if fast else {"LEDGER_LOADER": "python"}
+            with mock.patch.object(bulk, "Consumer", consumer_of(messages, ends, 7)), \
+                    mock.patch.dict("os.environ", env):
+                loaded = bulk.load(settings, keys, sink, lambda n: None)
+            outcomes.append(({t: sorted(rows, key=repr) for t, rows in sink.rows.items()}, loaded.applied,
+                             loaded.offsets, loaded.refold))
+    finally:
+        module.defer_bytes(before)
+    assert outcomes[1] == outcomes[0]
+
+
+@needs_build
+def test_a_closed_batch_refuses_to_be_used():
+    batch = fastload.batch(None, codec(), {}, {}, {}, {}, set(), set(), {})
+    batch.close()
+    batch.close()  # twice is harmless
+    for use in (lambda: batch.run([], 0), batch.flush, batch.copies):
+        with pytest.raises(RuntimeError, match="closed"):
+            use()
