@@ -6,7 +6,8 @@ record is of the common kind: a history entry of the current schema in seq order
 a result with no holds whose key is new in the share, or a balance record with plain integer amounts; every
 string ASCII, every number in 64 bits. Rows go straight from the record's bytes to SQLite's prepared
 statements (no Python string, dict or tuple per row); history rows when the share ends (`flush`), in the
-table's key order. For a PostgreSQL loader they go into COPY's binary format instead (`copies`). A balance record is only read far enough to know it is
+table's key order, and result rows then too, sorted by their key. For a PostgreSQL loader they go into COPY's
+binary format instead (`copies`). A balance record is only read far enough to know it is
 well formed and whether it is its account's latest so far; the latest one's bytes are decoded once, when the
 Python loop is handed a record or the batch closes (`_settle`), not every one of the account's versions.
 Anything else (a record it cannot decode, an older schema, an out-of-order seq, links, a retried result,
@@ -435,6 +436,11 @@ cdef inline void _put_text(Out* o, Text t) noexcept:
     _put32(o, <uint32_t>t.n)
     memcpy(o.b + o.n, t.s, t.n)
     o.n += t.n
+
+
+cdef inline uint32_t _get32(const char* p) noexcept:
+    return (<uint32_t>(<unsigned char>p[0]) << 24) | (<uint32_t>(<unsigned char>p[1]) << 16) \
+        | (<uint32_t>(<unsigned char>p[2]) << 8) | <unsigned char>p[3]
 
 
 cdef inline void _put_int8(Out* o, int64_t v) noexcept:
@@ -975,11 +981,23 @@ cdef class Batch:
         global _sorting
         cdef Py_ssize_t i
         cdef Span* span
+        cdef void* mutex
         if self.result_count == 0:
             return 0
         _sorting = self.result_pending.b
         qsort(self.result_spans, self.result_count, sizeof(Span), _by_result_key)
         _sorting = NULL
+        if self.db != NULL:
+            mutex = SQ.db_mutex(self.db)
+            SQ.mutex_enter(mutex)  # (as in _flush)
+            try:
+                for i in range(self.result_count):
+                    self._insert_result(self.result_pending.b + self.result_spans[i].start)
+            finally:
+                SQ.mutex_leave(mutex)
+            self.result_pending.n = 0
+            self.result_count = 0
+            return 0
         _reserve(&self.result_copy, self.result_pending.n)
         for i in range(self.result_count):
             span = &self.result_spans[i]
@@ -1063,7 +1081,6 @@ cdef class Batch:
         cdef Span* spans
         cdef int64_t outcome, at
         cdef bint duplicate
-        cdef sqlite3_stmt* stmt
         command_id = _text(c)
         client_id = _text(c)
         outcome = _long(c)
@@ -1087,44 +1104,53 @@ cdef class Batch:
             return False  # a retried result: kept aside and applied at the end, by the Python loop
         self._taken(key, offset)
         self.result_keys.add(h)
-        if self.db == NULL:  # the row bulk.result_row makes (RESULT_COLUMNS), in COPY's binary format
-            o = &self.result_pending
-            if o.n > DEFER_BYTES:
-                self._flush_results()  # bounded memory: key-ordered runs
-            if self.result_count == self.result_cap:
-                spans = <Span*>PyMem_Realloc(self.result_spans, max(1024, 2 * self.result_cap) * sizeof(Span))
-                if spans == NULL:
-                    raise MemoryError()
-                self.result_spans = spans
-                self.result_cap = max(1024, 2 * self.result_cap)
-            self.result_spans[self.result_count].start = o.n
-            _reserve(o, 2 + 8 * 4 + c.n + 8 + 8 + 2)
-            _put_fields(o, 8)
-            _put_text(o, client_id)
-            _put_text(o, command_id)
-            _put_text(o, _literal("accepted", 8) if outcome == 0 else _literal("rejected", 8))
-            _put_text(o, reason)
-            _put_text(o, detail)
-            _put_text(o, transaction_id)
-            _put_int8(o, at)
-            _put_text(o, _literal("[]", 2))
-            self.result_spans[self.result_count].length = o.n - self.result_spans[self.result_count].start
-            self.result_count += 1
-            return True
-        stmt = self.results
-        self._bind(stmt, 1, client_id)
-        self._bind(stmt, 2, command_id)
-        if outcome == 0:
-            sq_text(stmt, 3, "accepted", 8)
-        else:
-            sq_text(stmt, 3, "rejected", 8)
-        self._bind(stmt, 4, reason)
-        self._bind(stmt, 5, detail)
-        self._bind(stmt, 6, transaction_id)
-        self._bind_int(stmt, 7, at)
-        sq_text(stmt, 8, "[]", 2)
-        self._step(stmt)
+        # The row bulk.result_row makes (RESULT_COLUMNS), in COPY's binary format, kept until `flush` writes
+        # the rows in the results table's key order (for SQLite too, from this form)
+        o = &self.result_pending
+        if o.n > DEFER_BYTES:
+            self._flush_results()  # bounded memory: key-ordered runs
+        if self.result_count == self.result_cap:
+            spans = <Span*>PyMem_Realloc(self.result_spans, max(1024, 2 * self.result_cap) * sizeof(Span))
+            if spans == NULL:
+                raise MemoryError()
+            self.result_spans = spans
+            self.result_cap = max(1024, 2 * self.result_cap)
+        self.result_spans[self.result_count].start = o.n
+        _reserve(o, 2 + 8 * 4 + c.n + 8 + 8 + 2)
+        _put_fields(o, 8)
+        _put_text(o, client_id)
+        _put_text(o, command_id)
+        _put_text(o, _literal("accepted", 8) if outcome == 0 else _literal("rejected", 8))
+        _put_text(o, reason)
+        _put_text(o, detail)
+        _put_text(o, transaction_id)
+        _put_int8(o, at)
+        _put_text(o, _literal("[]", 2))
+        self.result_spans[self.result_count].length = o.n - self.result_spans[self.result_count].start
+        self.result_count += 1
         return True
+
+    cdef int _insert_result(self, const char* row) except -1:
+        """A result row kept in COPY's format (_result made it: eight fields, text but at_ms) into SQLite."""
+        cdef sqlite3_stmt* stmt = self.results
+        cdef const char* p = row + 2
+        cdef Text t
+        cdef int i
+        cdef int64_t at
+        for i in range(1, 9):
+            t.n = <int>_get32(p)
+            t.s = p + 4
+            p += 4
+            if i == 7:  # at_ms, int8
+                at = <int64_t>((<uint64_t>_get32(p) << 32) | _get32(p + 4))
+                self._bind_int(stmt, 7, at)
+                p += 8
+                continue
+            self._bind(stmt, i, t)
+            if t.n > 0:
+                p += t.n
+        self._step(stmt)
+        return 0
 
     cdef Py_ssize_t _handed_back(self, Py_ssize_t i) except -1:
         self._settle()  # the Python loop reads and writes `balances`: it finds them as if it had done all

@@ -21,7 +21,7 @@ from projections.store import SCHEMA
 from schemas import cdecode
 from schemas.codec import codec
 from streams import config
-from tests.helpers.loader_traffic import history, needs_build, traffic
+from tests.helpers.loader_traffic import history, needs_build, result, traffic
 from tests.helpers.pgcopy import rows_of
 from tests.helpers.stub_consumer import Message, consumer_of
 
@@ -281,3 +281,28 @@ def test_a_closed_batch_refuses_to_be_used():
     for use in (lambda: batch.run([], 0), batch.flush, batch.copies):
         with pytest.raises(RuntimeError, match="closed"):
             use()
+
+
+@needs_build
+def test_the_fast_path_inserts_results_in_key_order(tmp_path):
+    """Result rows reach SQLite in the results table's key order (client, command), not the log's."""
+    rng = random.Random(3)
+    c = codec()
+    settings = config.load().with_prefix("fastload-order.")
+    topic = settings.topic("results")
+    messages = [Message(topic, n % 4, n // 4, c.encode("result", result(n, rng, client_id=rng.choice(["b", "a"]),
+                                                                       command_id=f"x{rng.randrange(10**9)}")))
+                for n in range(400)]
+    ends = {(topic, p): 100 for p in range(4)}
+    keys = {("results", p): (0, 100) for p in range(4)}
+    sink = bulk.SqliteSink(str(tmp_path / "r.db"))
+    order: list[tuple[str, str]] = []
+    pattern = re.compile(r"INSERT INTO results \(client_id, command_id,.*VALUES \('([^']*)', '([^']*)',", re.S)
+    sink.conn.set_trace_callback(lambda sql: (found := pattern.match(sql)) and order.append((found[1], found[2])))
+    with mock.patch.object(bulk, "Consumer", consumer_of(messages, ends, 50)):
+        loaded = bulk.load(settings, keys, sink, lambda n: None)
+    sink.conn.set_trace_callback(None)
+    rows = sink.conn.execute("SELECT client_id, command_id FROM results").fetchall()
+    sink.close()
+    assert loaded.applied == 400 and len(order) == len(rows) == 400
+    assert order == sorted(order)
