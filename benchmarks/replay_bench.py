@@ -338,7 +338,7 @@ def store_floors(history: list[tuple], results: list[tuple], pg_url: str | None)
             for table, columns, rows in moves:
                 conn.execute(f"CREATE UNLOGGED TABLE staged_{table} AS SELECT * FROM {table} WITH NO DATA")
                 conn.copy_rows(f"staged_{table}", columns, rows,
-                               {"history": PgSink.HISTORY_TYPES, "results": PgSink.RESULT_TYPES}[table])
+                               PgSink.TYPES[table])
             conn.execute("SET max_parallel_maintenance_workers = 0")
             backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
             cpu = _proc_cpu(backend)

@@ -171,6 +171,8 @@ class PgSink:
 
     HISTORY_TYPES = db.copy_types(SCHEMA_TABLES, "history", HISTORY_COLUMNS)
     RESULT_TYPES = db.copy_types(SCHEMA_TABLES, "results", RESULT_COLUMNS)
+    COLUMNS = {"history": HISTORY_COLUMNS, "results": RESULT_COLUMNS}  # of the tables the loaders copy
+    TYPES = {"history": HISTORY_TYPES, "results": RESULT_TYPES}
 
     def __init__(self, target: str, work: IndexWork | None = None):
         self.conn = db.connect(target)
@@ -187,7 +189,7 @@ class PgSink:
 
     def copy(self, table: str, data: bytes) -> None:
         """A whole COPY stream in the binary format of the rows the fast path took (fastload.Batch.copies)."""
-        self.conn.copy_stream(table, HISTORY_COLUMNS if table == "history" else RESULT_COLUMNS, data)
+        self.conn.copy_stream(table, self.COLUMNS[table], data)
 
     def finish(self, late_results: list[tuple[bool, tuple]], refold: set[str], indexes: str) -> None:
         # The primary keys left out while copying first: the late results and the refold write by key.
@@ -279,6 +281,10 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         fast_path = fastload.batch(sink.conn if isinstance(sink, SqliteSink) else None, c, names, remaining,
                                    offsets, seen, refold, result_keys, balances)
         copying = fast_path is not None and not isinstance(sink, SqliteSink)
+
+        def send_copies() -> None:  # the rows the fast path took for PostgreSQL, already in COPY's format
+            for table, data in fast_path.copies():
+                sink.copy(table, data)
         if remaining:
             # With the fast path, the records are read in C as well (before the partitions are assigned).
             reader = fastload.reader(consumer, client_id, [(settings.topic(t), p) for t, p in remaining]) \
@@ -394,9 +400,8 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                 sink.links(links)
             if result_rows:
                 sink.results(result_rows)
-            if copying:  # the rows the fast path took, already in COPY's format
-                for table, data in fast_path.copies():
-                    sink.copy(table, data)
+            if copying:
+                send_copies()
             done += count
             progress(done)
             if out.skipped != skipped:
@@ -417,10 +422,9 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         if fast_path is not None:
             out.applied += fast_path.applied
             waited += fast_path.reading
-            fast_path.flush()  # the history rows it kept, in key order
+            fast_path.flush()  # the rows it kept, in key order
             if copying:
-                for table, data in fast_path.copies():
-                    sink.copy(table, data)
+                send_copies()
             fast_path.close()  # its statements, before the connection commits and closes
         mark(f"{out.applied} records consumed and written, {waited:.2f} s of it reading"
              + (" (the common ones in C" + (", read in C too)" if reader is not None else ")")

@@ -438,7 +438,7 @@ cdef inline void _put_text(Out* o, Text t) noexcept:
     o.n += t.n
 
 
-cdef inline uint32_t _get32(const char* p) noexcept:
+cdef inline uint32_t _get32(const char* p) noexcept nogil:
     return (<uint32_t>(<unsigned char>p[0]) << 24) | (<uint32_t>(<unsigned char>p[1]) << 16) \
         | (<uint32_t>(<unsigned char>p[2]) << 8) | <unsigned char>p[3]
 
@@ -486,10 +486,8 @@ cdef inline int _field_cmp(const char* a, const char* b, uint32_t* la, uint32_t*
     """Compare two length-prefixed text fields bytewise (shorter first on a common prefix), as PostgreSQL's
     COLLATE "C" does; la, lb: their lengths."""
     cdef int c
-    la[0] = (<uint32_t>(<unsigned char>a[0]) << 24) | (<uint32_t>(<unsigned char>a[1]) << 16) \
-        | (<uint32_t>(<unsigned char>a[2]) << 8) | <unsigned char>a[3]
-    lb[0] = (<uint32_t>(<unsigned char>b[0]) << 24) | (<uint32_t>(<unsigned char>b[1]) << 16) \
-        | (<uint32_t>(<unsigned char>b[2]) << 8) | <unsigned char>b[3]
+    la[0] = _get32(a)
+    lb[0] = _get32(b)
     c = memcmp(a + 4, b + 4, la[0] if la[0] < lb[0] else lb[0])
     if c != 0:
         return c

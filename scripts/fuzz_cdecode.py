@@ -321,8 +321,7 @@ def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
             at = batch.run([Message(topic, 0, 0, value)], 0)
             batch.flush()  # (a history row taken is written here: into SQLite, or into the COPY stream)
             for table, data in ([] if direct else batch.copies()):  # a PostgreSQL loader's rows, read back
-                rows[table] += rows_of(data, bulk.PgSink.HISTORY_TYPES if table == "history"
-                                       else bulk.PgSink.RESULT_TYPES)
+                rows[table] += rows_of(data, bulk.PgSink.TYPES[table])
             batch.close()  # (a balance record taken is decoded into `balances` here)
             if topic == "balances":
                 got = [state["balances"]] if state["balances"] else []

@@ -88,7 +88,7 @@ class RowSink:
 
     def copy(self, table, data):
         self.streams += 1
-        rows = rows_of(data, bulk.PgSink.HISTORY_TYPES if table == "history" else bulk.PgSink.RESULT_TYPES)
+        rows = rows_of(data, bulk.PgSink.TYPES[table])
         self.rows[table] += rows
         self.copied.append((table, rows))
 
