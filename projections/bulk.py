@@ -422,6 +422,7 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         if fast_path is not None:
             out.applied += fast_path.applied
             waited += fast_path.reading
+            mark("every record read (the rows the fast path kept are written next, in key order)")
             fast_path.flush()  # the rows it kept, in key order
             if copying:
                 send_copies()
