@@ -114,7 +114,8 @@ class SqliteSink:
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                     factory=db.SqliteConnection)
         self.conn.row_factory = sqlite3.Row
-        for pragma in ("journal_mode=OFF", "synchronous=OFF", "cache_size=-65536", "temp_store=MEMORY"):
+        for pragma in (f"page_size={db.SQLITE_PAGE_SIZE}", "journal_mode=OFF", "synchronous=OFF", "cache_size=-65536",
+                       "temp_store=MEMORY"):
             self.conn.execute(f"PRAGMA {pragma}")
         if create:
             db.create_tables(self.conn, SCHEMA_TABLES)
