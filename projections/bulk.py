@@ -21,11 +21,14 @@ less, and do it in several processes:
    recomputes the folds by time of its accounts whose entries came out of order, commits, and builds the
    secondary indexes of the tables no other loader writes, while the others go on (PostgreSQL: through a
    queue the loaders share, IndexWork, so one done with its own tables builds another's).
-3. At the end this process copies the other loaders' SQLite files into the store (into an empty table with
+3. Every loader hands its state (balances, holds, offsets) to this process once its records are read and
+   its rows written, before it commits and indexes; this process writes what is per account from them
+   (balance rows, summed views, currency sums, the holds) while the last loaders still index (PostgreSQL:
+   as soon as its own share is written, if every state is in by then; SQLite: once its own share is
+   committed). At the end it copies the other loaders' SQLite files into the store (into an empty table with
    the same indexes SQLite transfers the records and index entries in key order, with no decoding and no
-   sort), writes what is per account (balance rows, summed views, currency sums), the holds, the offsets
-   and the store version in one transaction, and builds whatever index is still missing.
-   `Loaded.timeline` says when each of these phases ended (the benchmark prints it).
+   sort), writes the offsets and the store version, and builds the indexes of any table several loaders
+   wrote. `Loaded.timeline` says when each of these phases ended (the benchmark prints it).
 
 The result is the store the projector builds from the same records (replay's hash proves it; so do the
 tests, which compare a rebuild with a store caught up batch by batch). What is not the same is how it gets
@@ -48,7 +51,7 @@ import time
 import uuid
 from bisect import bisect_right
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from pathlib import Path
 from typing import Callable
@@ -239,10 +242,13 @@ def reading_config(settings: Settings, client_id: str) -> dict:
 
 
 def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: Callable[[int], None],
-         indexes: str = "", origin: float | None = None, name: str = "loader 0") -> Loaded:
+         indexes: str = "", origin: float | None = None, name: str = "loader 0",
+         read: Callable[[Loaded], None] | None = None) -> Loaded:
     """Consume keys {(topic, partition): (start, until)} into the sink, then build `indexes` (the secondary
     indexes of the tables no other loader writes); returns the small state. `origin`: the rebuild's start
-    (time.time()), for the timeline."""
+    (time.time()), for the timeline. `read` is given the state once it is whole (every record read and its
+    rows written), before the share commits and indexes: it does not change after that, but for its
+    timeline."""
     out = Loaded()
     origin = time.time() if origin is None else origin
 
@@ -420,6 +426,9 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
                 consumer.incremental_unassign([TopicPartition(settings.topic(t), p) for t, p in finished])
                 for k in finished:
                     remaining.pop(k, None)
+        # Done with Kafka: the reader's queue, then the consumer (its threads joined: 1-5 ms), now rather
+        # than at the end of the share, where the rebuild waits for its last loader.
+        _stop_reading(reader, consumer)
         if fast_path is not None:
             out.applied += fast_path.applied
             waited += fast_path.reading
@@ -431,6 +440,8 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
         mark(f"{out.applied} records consumed and written, {waited:.2f} s of it reading"
              + (" (the common ones in C" + (", read in C too)" if reader is not None else ")")
                 if fast_path is not None else ""))
+        if read is not None:
+            read(out)
         sink.finish(late_results, refold, indexes)
         shared = " (queued with the other loaders', built by whichever was free)" \
             if getattr(sink, "work", None) is not None else ""
@@ -444,11 +455,15 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             if fast_path is not None:  # its statements, whatever happened, before the sink closes the connection
                 fast_path.close()
         finally:
-            try:
-                if reader is not None:  # its queue, before the consumer's handle goes
-                    reader.close()
-            finally:
-                consumer.close()
+            _stop_reading(reader, consumer)  # (closed already unless the share failed: both may close twice)
+
+
+def _stop_reading(reader, consumer: Consumer) -> None:
+    try:
+        if reader is not None:  # its queue, before the consumer's handle goes
+            reader.close()
+    finally:
+        consumer.close()
 
 
 def _serve_consumer_queue(consumer: Consumer, reader, name: str) -> None:
@@ -467,21 +482,32 @@ def _serve_consumer_queue(consumer: Consumer, reader, name: str) -> None:
 
 def _child(settings: Settings, keys: dict[Key, tuple[int, int]], target: str, part: str | None, index: int,
            indexes: str, counters, queue, origin: float, work: IndexWork | None = None) -> None:
-    """A loader process: its share into its own SQLite file (part) or into the PostgreSQL store."""
-    started = time.time() - origin
+    """A loader process: its share into its own SQLite file (part) or into the PostgreSQL store. It tells the
+    parent twice: its state once every record is read and written ("read": the parent writes the per-account
+    tables meanwhile), then that its share is committed and indexed ("done", with the rest of its timeline)."""
+    started = (f"loader {index}: running (process start, imports)", time.time() - origin)
+    # Never collected: the process exits once its share is loaded. (Re-enabled at the end of the share, the
+    # collector's first pass walked everything the share had kept, 8 ms before the parent heard from it.)
+    gc.disable()
+    sent = 0
     try:
         sink = SqliteSink(part) if part is not None else PgSink(target, work)
         try:
             def progress(n: int) -> None:
                 counters[index] = n
 
-            loaded = load(settings, keys, sink, progress, indexes, origin=origin, name=f"loader {index}")
-            loaded.timeline.insert(0, (f"loader {index}: running (process start, imports)", started))
+            def read(state: Loaded) -> None:
+                nonlocal sent
+                sent = len(state.timeline)  # (the state is not changed after this, but for its timeline)
+                queue.put((index, "read", replace(state, timeline=[started, *state.timeline])))
+
+            loaded = load(settings, keys, sink, progress, indexes, origin=origin, name=f"loader {index}",
+                          read=read)
         finally:
             sink.close()
-        queue.put((index, loaded, None))
+        queue.put((index, "done", loaded.timeline[sent:]))
     except BaseException as exc:  # reported to the parent, which raises it
-        queue.put((index, None, f"{type(exc).__name__}: {exc}"))
+        queue.put((index, "error", f"{type(exc).__name__}: {exc}"))
         raise
 
 
@@ -696,26 +722,53 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
                 progress(sum(counters[:]))
 
         mark(f"store created, loaders started ({method})" if children else "store created")
-        loaded = [load(settings, split[0], sink, report, loader_indexes[0], origin=origin)]
-        pending = len(children)
-        while pending:
-            try:
-                index, result, error = queue.get(timeout=0.2)
-            except Exception:  # queue.Empty: report progress, check the children are alive
-                if progress is not None:
-                    progress(sum(counters[:]))
-                dead = [c for c in children if c.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"replay loader {dead[0].name} exited with {dead[0].exitcode}")
-                continue
-            if error is not None:
-                raise RuntimeError(f"replay loader {index}: {error}")
-            loaded.append(result)
-            pending -= 1
+        states: dict[int, Loaded] = {}  # every loader's, once its records are read (the others send theirs)
+        done: set[int] = set()
+        total = None
+
+        def receive(enough: Callable[[], bool], wait: bool = True) -> None:
+            while not enough():
+                try:
+                    index, what, payload = queue.get(timeout=0.2) if wait else queue.get_nowait()
+                except Exception:  # queue.Empty: report progress, check the children are alive
+                    if not wait:
+                        return
+                    if progress is not None:
+                        progress(sum(counters[:]))
+                    dead = [c for c in children if c.exitcode not in (None, 0)]
+                    if dead:
+                        raise RuntimeError(f"replay loader {dead[0].name} exited with {dead[0].exitcode}")
+                    continue
+                if what == "error":
+                    raise RuntimeError(f"replay loader {index}: {payload}")
+                if what == "read":
+                    states[index] = payload
+                else:  # "done" (after its "read": one queue, in the order put)
+                    states[index].timeline.extend(payload)
+                    done.add(index)
+
+        def write_accounts(wait: bool) -> None:
+            """The per-account tables, from every loader's state: at once if every state is here (or wait
+            for them). Not after the last loader: there they took 30-45 ms, one core idle (docs/read-side.md)."""
+            nonlocal total
+            receive(lambda: len(states) == len(split), wait)
+            if total is None and len(states) == len(split):
+                total = _merge([states[i] for i in range(len(split))])
+                _write_accounts(conn, total, mark)
+
+        def read(state: Loaded) -> None:  # this process's share is read and written: before its indexes
+            states[0] = state
+            write_accounts(wait=False)
+
+        # (SQLite: the share's transaction is still open when it is read; the tables after it commits)
+        states[0] = load(settings, split[0], sink, report, loader_indexes[0], origin=origin,
+                         read=read if postgres else None)
+        write_accounts(wait=True)
+        receive(lambda: len(done) == len(children))
         mark("every loader done")
         if postgres:
             sink.close()
-        total = _finish(conn, settings, loaded, parts, mark)
+        _finish(conn, settings, total, parts, indexes_of([t for t in TABLES if len(writers[t]) != 1]), mark)
         if not postgres:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.close()
@@ -729,7 +782,8 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
         for child in children:  # each has handed its result over and is exiting (no need to wait for that earlier)
             child.join(10)
         total.loaders = len(split)
-        total.timeline = sorted([*timeline, *(t for part in loaded for t in part.timeline)], key=itemgetter(1))
+        total.timeline = sorted([*timeline, *(t for part in states.values() for t in part.timeline)],
+                                key=itemgetter(1))
         return total
     finally:
         for child in children:
@@ -747,9 +801,8 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
         os.rmdir(tmp) if os.path.isdir(tmp) and not os.listdir(tmp) else None
 
 
-def _finish(conn, settings: Settings, loaded: list[Loaded], parts: list[tuple[str, list[str]]],
-            mark: Callable[[str], None]) -> Loaded:
-    """Merge the loaders' rows and state; write the per-account tables, holds, offsets, version; index."""
+def _merge(loaded: list[Loaded]) -> Loaded:
+    """The loaders' states in one."""
     total = Loaded()
     for part_result in loaded:
         total.applied += part_result.applied
@@ -759,6 +812,49 @@ def _finish(conn, settings: Settings, loaded: list[Loaded], parts: list[tuple[st
         for hold_id, h in part_result.holds.items():
             total.holds[hold_id] = newer_hold(total.holds.get(hold_id), h)
         total.refold |= part_result.refold
+    return total
+
+
+VERSION = 1  # the batch version a rebuild's rows carry
+
+
+def _write_accounts(conn, total: Loaded, mark: Callable[[str], None]) -> None:
+    """The tables written from the loaders' states: balance rows, views, currency sums, holds; their indexes."""
+    accounts, sums = [], defaultdict(int)
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for account_id, v in sorted(total.balances.items()):
+        base = routing.unsharded(account_id)
+        accounts.append((account_id, base, v["currency"], v["status"], v["posted"], v["held"], v["available"],
+                         v["seq"], v["last_transaction_id"], v["updated_at_ms"], VERSION, v.get("account_type")))
+        sums[v["currency"]] += int(v["posted"])
+        groups[base].append(v)
+    views = []
+    for base, rows in sorted(groups.items()):
+        view = sum_shards(rows)
+        since = view["updated_at_ms"] if view["posted"] != 0 else None
+        views.append((base, view["currency"], view["status"], str(view["posted"]), str(view["held"]),
+                      str(view["available"]), view["seq"], view["shards"], view["last_transaction_id"],
+                      view["updated_at_ms"], since, VERSION))
+    holds = [tuple(h[c] if c != "hold_id" else hold_id for c in HOLD_COLUMNS)
+             for hold_id, h in sorted(total.holds.items())]
+    tables = (("accounts", REPLACE_ACCOUNT, ACCOUNT_COLUMNS, accounts),
+              ("account_views", REPLACE_VIEW, VIEW_COLUMNS, views),
+              ("currency_sums", REPLACE_SUM, ("currency", "posted"), [(c, str(s)) for c, s in sorted(sums.items())]),
+              ("holds", REPLACE_HOLD, HOLD_COLUMNS, holds))
+    with db.transaction(conn):
+        for table, upsert, columns, rows in tables:
+            if conn.postgres:  # empty tables, one row per key: COPY (a statement per row took 0.26 s for 4,000)
+                conn.copy_rows(table, columns, rows, db.copy_types(SCHEMA_TABLES, table, columns))
+            else:
+                conn.executemany(upsert, rows)
+    db.create_tables(conn, indexes_of([table for table, *_ in tables]))
+    mark(f"{len(accounts)} balance rows, {len(views)} views, {len(holds)} holds written and indexed")
+
+
+def _finish(conn, settings: Settings, total: Loaded, parts: list[tuple[str, list[str]]], indexes: str,
+            mark: Callable[[str], None]) -> None:
+    """Once every loader is done: merge the loaders' SQLite files; write the offsets and the version; build
+    `indexes` (those of the tables several loaders wrote, or none)."""
     for part, indexed in parts:  # SQLite: the other loaders' files, copied by SQLite itself
         conn.execute("ATTACH DATABASE ? AS part", (part,))
         for table in TABLES:
@@ -774,38 +870,11 @@ def _finish(conn, settings: Settings, loaded: list[Loaded], parts: list[tuple[st
                              "ON CONFLICT DO NOTHING")
         conn.execute("DETACH DATABASE part")
     mark("loaders' files merged")
-    version = 1
-    accounts, sums = [], defaultdict(int)
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for account_id, v in sorted(total.balances.items()):
-        base = routing.unsharded(account_id)
-        accounts.append((account_id, base, v["currency"], v["status"], v["posted"], v["held"], v["available"],
-                         v["seq"], v["last_transaction_id"], v["updated_at_ms"], version, v.get("account_type")))
-        sums[v["currency"]] += int(v["posted"])
-        groups[base].append(v)
-    views = []
-    for base, rows in sorted(groups.items()):
-        view = sum_shards(rows)
-        since = view["updated_at_ms"] if view["posted"] != 0 else None
-        views.append((base, view["currency"], view["status"], str(view["posted"]), str(view["held"]),
-                      str(view["available"]), view["seq"], view["shards"], view["last_transaction_id"],
-                      view["updated_at_ms"], since, version))
-    holds = [tuple(h[c] if c != "hold_id" else hold_id for c in HOLD_COLUMNS)
-             for hold_id, h in sorted(total.holds.items())]
     with db.transaction(conn):
         conn.execute(REPLACE_META, ("prefix", settings.prefix))
-        conn.execute(REPLACE_META, ("version", str(version)))
-        for table, upsert, columns, rows in (
-                ("accounts", REPLACE_ACCOUNT, ACCOUNT_COLUMNS, accounts),
-                ("account_views", REPLACE_VIEW, VIEW_COLUMNS, views),
-                ("currency_sums", REPLACE_SUM, ("currency", "posted"), [(c, str(s)) for c, s in sorted(sums.items())]),
-                ("holds", REPLACE_HOLD, HOLD_COLUMNS, holds)):
-            if conn.postgres:  # empty tables, one row per key: COPY (a statement per row took 0.26 s for 4,000)
-                conn.copy_rows(table, columns, rows, db.copy_types(SCHEMA_TABLES, table, columns))
-            else:
-                conn.executemany(upsert, rows)
+        conn.execute(REPLACE_META, ("version", str(VERSION)))
         conn.executemany(ADVANCE_OFFSET, [(t, p, o) for (t, p), o in sorted(total.offsets.items())])
-    mark(f"{len(accounts)} balance rows, {len(views)} views, {len(holds)} holds written")
-    db.create_tables(conn, SCHEMA_INDEXES)
-    mark("secondary indexes built")
-    return total
+    mark("offsets and version written")
+    if indexes:
+        db.create_tables(conn, indexes)
+        mark("secondary indexes of the tables several loaders wrote built")

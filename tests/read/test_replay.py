@@ -193,6 +193,69 @@ def test_a_rebuild_indexes_links_as_the_projector_does_with_one_loader_or_two(se
             store.close()
 
 
+def test_a_loader_failing_after_it_handed_over_its_state_fails_the_rebuild(settings, new_store, tmp_path):
+    """A loader process tells the rebuild its state once its records are read, then that its share is done;
+    the rebuild writes the per-account tables in between. A loader failing there (here: committing and
+    indexing its share, in the loader process only) fails the rebuild with its error, and nothing looks
+    complete: no SQLite file at the target (nor a partial one beside it), a PostgreSQL schema without
+    offsets. Run in a process of its own, which forks its loaders (one thread), so they inherit the fault."""
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from confluent_kafka import Producer
+
+    from schemas.codec import codec
+
+    c = codec()
+    producer = Producer(settings.kafka_config())
+    for partition, account in ((0, "user:f0:USD"), (1, "user:f1:USD")):
+        for seq in (1, 2, 3):
+            producer.produce(settings.topic("history"), c.encode("history", {
+                "entry_id": f"{account}#{seq}", "account_id": account, "currency": "USD", "seq": seq,
+                "amount": "5", "posted_after": str(5 * seq), "held_after": "0", "transaction_id": f"t{seq}",
+                "kind": "deposit", "reference": None, "hold_id": None, "occurred_at_ms": 1_000 + seq,
+                "at_ms": 1_000 + seq, "command_id": f"t{seq}", "client_id": "c"}), account.encode(),
+                partition=partition)
+    producer.flush(10)
+    _until_offsets_answer(settings)
+    target = new_store("failing")
+    given = tmp_path / "given.pickle"
+    given.write_bytes(pickle.dumps((settings, target)))
+    script = """
+import multiprocessing, pickle, sys
+from projections import bulk, replay
+settings, target = pickle.loads(open(sys.argv[1], "rb").read())
+def failing(finish):
+    def fail_in_a_loader_process(self, *args):
+        if multiprocessing.parent_process() is not None:
+            raise OSError("no space left on device")
+        return finish(self, *args)
+    return fail_in_a_loader_process
+bulk.SqliteSink.finish = failing(bulk.SqliteSink.finish)
+bulk.PgSink.finish = failing(bulk.PgSink.finish)
+print("start method:", bulk.start_method())
+try:
+    replay.rebuild(settings, target, progress=False, workers=2)
+except RuntimeError as exc:
+    print("rebuild failed:", exc)
+"""
+    root = Path(__file__).resolve().parent.parent.parent
+    out = subprocess.run([sys.executable, "-c", script, str(given)], cwd=root, capture_output=True, text=True,
+                         timeout=120).stdout
+    assert "start method: fork" in out, out
+    assert "rebuild failed: replay loader 1: OSError: no space left on device" in out, out
+    if "://" in target:
+        store = Store(target, readonly=True)
+        try:
+            assert store.offsets() == {}
+        finally:
+            store.close()
+    else:
+        assert not [p.name for p in Path(target).parent.iterdir() if p.name.startswith(Path(target).name)]
+
+
 def _until_offsets_answer(settings) -> None:
     """New topics: the broker answers ListOffsets for every partition a moment after creating them."""
     from confluent_kafka import KafkaError, KafkaException
