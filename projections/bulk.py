@@ -54,7 +54,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from pathlib import Path
-from typing import Callable
+from functools import partial
+from typing import Callable, Iterable
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -75,6 +76,10 @@ log = logging.getLogger("ledger.replay")
 Key = tuple[str, int]  # (logical topic, partition)
 SCHEMA_OF = {"balances": "balance", "history": "history", "results": "result"}
 CONSUME_BATCH = 10_000
+# A PostgreSQL loader sends history's key-ordered rows in parts of this size, each made while the server reads
+# the one before; no larger than psycopg's own bound on a write (MAX_BUFFER_SIZE), above which it copies the
+# buffer into slices.
+COPY_PART = 128 * 1024
 _history_row = itemgetter(*HISTORY_FIELDS)
 INSERT_HISTORY_ROWS = f"INSERT INTO history ({', '.join(HISTORY_COLUMNS)}) VALUES ({', '.join('?' * len(HISTORY_COLUMNS))})"
 INSERT_RESULT_ROWS = f"INSERT INTO results ({', '.join(RESULT_COLUMNS)}) VALUES ({', '.join('?' * len(RESULT_COLUMNS))})"
@@ -191,8 +196,9 @@ class PgSink:
     def results(self, rows: list[tuple]) -> None:
         self.conn.copy_rows("results", RESULT_COLUMNS, rows, self.RESULT_TYPES)
 
-    def copy(self, table: str, data: bytes) -> None:
-        """A whole COPY stream in the binary format of the rows the fast path took (fastload.Batch.copies)."""
+    def copy(self, table: str, data: bytes | Iterable[bytes]) -> None:
+        """A whole COPY stream in the binary format of the rows the fast path took (fastload.Batch.copies),
+        or its parts (fastload.Batch.history_part)."""
         self.conn.copy_stream(table, self.COLUMNS[table], data)
 
     def finish(self, late_results: list[tuple[bool, tuple]], refold: set[str], indexes: str) -> None:
@@ -433,7 +439,9 @@ def load(settings: Settings, keys: dict[Key, tuple[int, int]], sink, progress: C
             out.applied += fast_path.applied
             waited += fast_path.reading
             mark("every record read (the rows the fast path kept are written next, in key order)")
-            fast_path.flush()  # the rows it kept, in key order
+            if copying:  # history's rows kept, in key order, made part by part while the server reads
+                sink.copy("history", iter(partial(fast_path.history_part, COPY_PART), None))
+            fast_path.flush()  # the rows it kept, in key order (for PostgreSQL: the results')
             if copying:
                 send_copies()
             fast_path.close()  # its statements, before the connection commits and closes

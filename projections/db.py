@@ -110,12 +110,19 @@ class PgConnection:
             for row in rows:
                 copy.write_row(row)
 
-    def copy_stream(self, table: str, columns: Sequence[str], data: bytes) -> None:
+    def copy_stream(self, table: str, columns: Sequence[str], data: bytes | Iterable[bytes]) -> None:
         """COPY a whole stream in the binary format (signature, rows, trailer) made elsewhere: the replay
-        loader's rows made in C from the records' bytes, with no Python value per field."""
+        loader's rows made in C from the records' bytes, with no Python value per field. data: the stream,
+        or its parts in order, each sent as it comes (none: nothing is copied)."""
+        parts = iter((data,) if isinstance(data, bytes) else data)
+        first = next(parts, None)
+        if first is None:
+            return
         with self._conn.cursor() as cur, \
                 cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.write(data)
+            copy.write(first)
+            for part in parts:
+                copy.write(part)
 
     def close(self) -> None:
         self._conn.close()

@@ -465,12 +465,19 @@ cdef object _copy_stream(Out* o):
     """The rows in o as a whole COPY stream (None when there are none); o is emptied."""
     if o.n == 0:
         return None
-    cdef Py_ssize_t head = len(COPY_SIGNATURE)
-    data = PyBytes_FromStringAndSize(NULL, head + o.n + 2)  # one copy of the rows, not three
+    return _copy_part(o, True, True)
+
+
+cdef object _copy_part(Out* o, bint first, bint last):
+    """The rows in o as a part of a COPY stream: the signature before them if first, the trailer after them
+    if last; o is emptied."""
+    cdef Py_ssize_t head = len(COPY_SIGNATURE) if first else 0
+    data = PyBytes_FromStringAndSize(NULL, head + o.n + (2 if last else 0))  # one copy of the rows, not three
     cdef char* p = PyBytes_AS_STRING(data)
     memcpy(p, <const char*>COPY_SIGNATURE, head)
     memcpy(p + head, o.b, o.n)
-    memcpy(p + head + o.n, <const char*>COPY_TRAILER, 2)
+    if last:
+        memcpy(p + head + o.n, <const char*>COPY_TRAILER, 2)
     o.n = 0
     return data
 
@@ -623,6 +630,8 @@ cdef class Batch:
     cdef sqlite3_stmt* results
     # history rows taken for SQLite, kept until `flush` (_defer): account -> [their places in the arena]
     cdef dict pending
+    cdef list kept_names  # pending's accounts in order while its rows are written part by part (`history_part`)
+    cdef Py_ssize_t kept_name, kept_row  # where the next part begins: that account, that row of it
     cdef char* arena
     cdef Py_ssize_t used, size
     cdef dict fast, remaining, offsets, seen, balances
@@ -694,6 +703,7 @@ cdef class Batch:
 
     cdef void _release(self) noexcept:
         self.pending = {}
+        self.kept_names = None
         self.used = self.size = 0
         PyMem_Free(self.arena)
         self.arena = NULL
@@ -801,6 +811,25 @@ cdef class Batch:
         if data is not None:
             out.append(("results", data))
         return out
+
+    def history_part(self, Py_ssize_t size):
+        """Without a connection: the history rows kept, in key order (as `flush` writes them), as the next
+        part of one whole COPY ... (FORMAT BINARY) stream: whole rows, about `size` bytes of them, the
+        signature before the first part's and the trailer after the last's; None once every row kept was
+        handed over (or none was kept). The loader sends each part while this makes the next, so the
+        server reads rows while the rows after them are made (docs/read-side.md)."""
+        cdef bint first, more
+        self._open()
+        if self.db != NULL:
+            raise RuntimeError("fastload: history parts are for a loader without a SQLite connection")
+        if not self.pending:
+            return None
+        first = self.kept_names is None
+        more = self._write_kept(size)
+        if not more:
+            self.pending.clear()
+            self.used = 0
+        return _copy_part(&self.history_copy, first, not more)
 
     def drain(self, Reader reader, Py_ssize_t want, int timeout_ms):
         """Read up to `want` records from the reader (waiting at most timeout_ms for the first) and apply them
@@ -917,6 +946,8 @@ cdef class Batch:
         cdef Py_ssize_t body = c.n - 10, need = self.used + 4 + body + 8
         cdef int32_t length = <int32_t>body
         cdef char* grown
+        if self.kept_names is not None:  # (the parts would not include it, and the flush would drop it)
+            raise RuntimeError("fastload: a history record taken while the kept rows are handed over in parts")
         if self.used and need > DEFER_BYTES:
             self._flush()  # bounded memory: a rebuild larger than this inserts in key-ordered runs
             need = 4 + body + 8
@@ -1010,21 +1041,23 @@ cdef class Batch:
         if not self.pending:
             return 0
         if self.db == NULL:  # PostgreSQL's: no SQLite here (whose functions may not even be bound)
-            self._write_kept()
+            self._write_kept(-1)
         else:
             # Every bind, step and reset takes the connection's (recursive) mutex; held here once, each of
             # them re-enters it without an atomic operation.
             mutex = SQ.db_mutex(self.db)
             SQ.mutex_enter(mutex)
             try:
-                self._write_kept()
+                self._write_kept(-1)
             finally:
                 SQ.mutex_leave(mutex)
         self.pending.clear()
         self.used = 0
         return 0
 
-    cdef int _write_kept(self) except -1:
+    cdef bint _write_kept(self, Py_ssize_t limit) except -1:
+        """The rows kept, from where the last call stopped: into SQLite, or onto history_copy, stopping once
+        it holds `limit` bytes (limit < 0: no bound). True when rows are left for the next call."""
         cdef HistoryFields f
         cdef Cursor c
         cdef int32_t length
@@ -1032,10 +1065,19 @@ cdef class Batch:
         cdef char digits[24]
         cdef Text by_time
         cdef sqlite3_stmt* stmt = self.history
-        # Both databases compare these keys bytewise (PostgreSQL's columns are COLLATE "C"); the names are
-        # ASCII, whose str order is the same
-        for name in sorted(self.pending):
-            for at in <list>self.pending[name]:
+        cdef list places
+        if self.kept_names is None:
+            # Both databases compare these keys bytewise (PostgreSQL's columns are COLLATE "C"); the names
+            # are ASCII, whose str order is the same
+            self.kept_names = sorted(self.pending)
+            self.kept_name = self.kept_row = 0
+        while self.kept_name < len(self.kept_names):
+            places = <list>self.pending[self.kept_names[self.kept_name]]
+            while self.kept_row < len(places):
+                if 0 <= limit <= self.history_copy.n:
+                    return True
+                at = places[self.kept_row]
+                self.kept_row += 1
                 memcpy(&length, self.arena + at, 4)
                 memcpy(&total, self.arena + at + 4 + length, 8)
                 c.b = <const unsigned char*>(self.arena + at + 4)
@@ -1071,7 +1113,10 @@ cdef class Batch:
                 sq_text(stmt, 19, "{}", 2)
                 self._bind(stmt, 20, f.rate)
                 self._step(stmt)
-        return 0
+            self.kept_name += 1
+            self.kept_row = 0
+        self.kept_names = None
+        return False
 
     cdef bint _result(self, Cursor* c, object key, int64_t offset) except -1:
         cdef Text command_id, client_id, reason, detail, transaction_id

@@ -319,6 +319,10 @@ def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
             if direct:
                 conn.execute("BEGIN")
             at = batch.run([Message(topic, 0, 0, value)], 0)
+            if i % 4 == 0:  # a PostgreSQL loader's kept history rows handed over in parts (one row each here)
+                parts = list(iter(lambda: batch.history_part(1), None))
+                if parts:
+                    rows["history"] += rows_of(b"".join(parts), bulk.PgSink.TYPES["history"])
             batch.flush()  # (a history row taken is written here: into SQLite, or into the COPY stream)
             for table, data in ([] if direct else batch.copies()):  # a PostgreSQL loader's rows, read back
                 rows[table] += rows_of(data, bulk.PgSink.TYPES[table])

@@ -22,7 +22,7 @@ from schemas import cdecode
 from schemas.codec import codec
 from streams import config
 from tests.helpers.loader_traffic import history, needs_build, result, traffic
-from tests.helpers.pgcopy import rows_of
+from tests.helpers.pgcopy import SIGNATURE, TRAILER, rows_of
 from tests.helpers.stub_consumer import Message, consumer_of
 
 def _load(tmp: Path, settings, messages, ends, keys, batch: int, fast: bool):
@@ -85,10 +85,16 @@ class RowSink:
         self.finished = None
         self.streams = 0
         self.copied = []  # (table, the rows of one stream)
+        self.parts = []  # how many parts each stream came in
 
     def copy(self, table, data):
         self.streams += 1
-        rows = rows_of(data, bulk.PgSink.TYPES[table])
+        parts = [data] if isinstance(data, bytes) else list(data)  # a stream, or its parts in order
+        self.parts.append(len(parts))
+        rows = rows_of(b"".join(parts), bulk.PgSink.TYPES[table])
+        if len(parts) > 1:  # each part whole rows: the signature only before the first, the trailer after the last
+            bodies = [parts[0][len(SIGNATURE):], *parts[1:-1], parts[-1][:-len(TRAILER)]]
+            assert [r for body in bodies for r in rows_of(SIGNATURE + body + TRAILER, bulk.PgSink.TYPES[table])] == rows
         self.rows[table] += rows
         self.copied.append((table, rows))
 
@@ -113,16 +119,18 @@ class RowSink:
 def test_the_rows_it_hands_a_postgresql_loader_are_the_python_loops(seed):
     """Without a SQLite connection (a PostgreSQL loader) the fast path makes the rows the loop makes, in COPY's
     binary format (in streams of their own: the order of rows between two streams does not matter to a
-    table, whose keys are unique in a share)."""
+    table, whose keys are unique in a share). History's key-ordered rows come as one stream in parts of about
+    bulk.COPY_PART bytes (here 2 KiB: several), whole rows each, signature first and trailer last."""
     settings, messages, ends, keys = traffic(seed)
     outcomes = []
     for fast in (False, True):
         sink = RowSink()
         env = {} if fast else {"LEDGER_LOADER": "python"}
         with mock.patch.object(bulk, "Consumer", consumer_of(messages, ends, [1, 7, 10_000][seed % 3])), \
-                mock.patch.dict("os.environ", env):
+                mock.patch.dict("os.environ", env), mock.patch.object(bulk, "COPY_PART", 2048):
             loaded = bulk.load(settings, keys, sink, lambda n: None)
         assert (sink.streams > 0) == fast
+        assert not fast or max(sink.parts) > 1, sink.parts
         rows = {table: sorted(got, key=repr) for table, got in sink.rows.items()}
         outcomes.append((rows, sink.finished, loaded.applied, loaded.skipped, loaded.offsets, loaded.balances,
                          loaded.holds, loaded.refold))
@@ -278,7 +286,7 @@ def test_a_closed_batch_refuses_to_be_used():
     batch = fastload.batch(None, codec(), {}, {}, {}, {}, set(), set(), {})
     batch.close()
     batch.close()  # twice is harmless
-    for use in (lambda: batch.run([], 0), batch.flush, batch.copies):
+    for use in (lambda: batch.run([], 0), batch.flush, batch.copies, lambda: batch.history_part(1024)):
         with pytest.raises(RuntimeError, match="closed"):
             use()
 
