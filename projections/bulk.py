@@ -21,14 +21,14 @@ less, and do it in several processes:
    recomputes the folds by time of its accounts whose entries came out of order, commits, and builds the
    secondary indexes of the tables no other loader writes, while the others go on (PostgreSQL: through a
    queue the loaders share, IndexWork, so one done with its own tables builds another's).
-3. Every loader hands its state (balances, holds, offsets) to this process once its records are read and
-   its rows written, before it commits and indexes; this process writes what is per account from them
-   (balance rows, summed views, currency sums, the holds) while the last loaders still index (PostgreSQL:
-   as soon as its own share is written, if every state is in by then; SQLite: once its own share is
-   committed). At the end it copies the other loaders' SQLite files into the store (into an empty table with
-   the same indexes SQLite transfers the records and index entries in key order, with no decoding and no
-   sort), writes the offsets and the store version, and builds the indexes of any table several loaders
-   wrote. `Loaded.timeline` says when each of these phases ended (the benchmark prints it).
+3. Every other loader hands its state (balances, holds, offsets) to this process once its records are read
+   and its rows written, before it commits and indexes; this process writes what is per account from the
+   states (balance rows, summed views, currency sums, the holds) while the last loaders still index
+   (PostgreSQL: as soon as its own share is written, if every state is in by then; SQLite: once its own share
+   is committed and indexed). At the end it copies the other loaders' SQLite files into the store (into an
+   empty table with the same indexes SQLite transfers the records and index entries in key order, with no
+   decoding and no sort), builds the indexes of any table several loaders wrote, and writes the offsets and
+   the store version last. `Loaded.timeline` says when each of these phases ended (the benchmark prints it).
 
 The result is the store the projector builds from the same records (replay's hash proves it; so do the
 tests, which compare a rebuild with a store caught up batch by batch). What is not the same is how it gets
@@ -861,12 +861,14 @@ def _write_accounts(conn, total: Loaded, mark: Callable[[str], None]) -> None:
 
 def _finish(conn, settings: Settings, total: Loaded, parts: list[tuple[str, list[str]]], indexes: str,
             mark: Callable[[str], None]) -> None:
-    """Once every loader is done: merge the loaders' SQLite files; write the offsets and the version; build
-    `indexes` (those of the tables several loaders wrote, or none)."""
+    """Once every loader is done: merge the loaders' SQLite files; build `indexes` (those of the tables several
+    loaders wrote, or of none); then write the offsets and the version."""
     for part, indexed in parts:  # SQLite: the other loaders' files, copied by SQLite itself
         conn.execute("ATTACH DATABASE ? AS part", (part,))
         for table in TABLES:
             if conn.execute(f"SELECT 1 FROM part.{table} LIMIT 1").fetchone() is None:
+                if table in indexed:  # its loader's indexes, of a table that stays empty
+                    db.create_tables(conn, indexes_of([table]))
                 continue
             if table in indexed and conn.execute(f"SELECT 1 FROM main.{table} LIMIT 1").fetchone() is None:
                 # Into an empty table with the same indexes as the file's: SQLite copies the table and its
@@ -878,11 +880,12 @@ def _finish(conn, settings: Settings, total: Loaded, parts: list[tuple[str, list
                              "ON CONFLICT DO NOTHING")
         conn.execute("DETACH DATABASE part")
     mark("loaders' files merged")
+    if indexes:
+        db.create_tables(conn, indexes)
+        mark("secondary indexes of the tables several loaders wrote built")
+    # Last: a store with offsets is complete (an interrupted rebuild leaves none).
     with db.transaction(conn):
         conn.execute(REPLACE_META, ("prefix", settings.prefix))
         conn.execute(REPLACE_META, ("version", str(VERSION)))
         conn.executemany(ADVANCE_OFFSET, [(t, p, o) for (t, p), o in sorted(total.offsets.items())])
     mark("offsets and version written")
-    if indexes:
-        db.create_tables(conn, indexes)
-        mark("secondary indexes of the tables several loaders wrote built")

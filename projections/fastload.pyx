@@ -822,6 +822,8 @@ cdef class Batch:
         self._open()
         if self.db != NULL:
             raise RuntimeError("fastload: history parts are for a loader without a SQLite connection")
+        if size <= 0:
+            raise ValueError("fastload: a part holds at least one row")
         if not self.pending:
             return None
         first = self.kept_names is None

@@ -360,9 +360,61 @@ def fuzz_loader(directory: Path, cases: int, seed: int) -> int:
                           f"\n  fast:   {got}", flush=True)
         print(f"fastload {name}: {cases:,} records, {taken:,} taken by the fast path, the rest handed back",
               flush=True)
+    parts = _fuzz_history_parts(module, c, cases, seed)
+    failures += parts
     print(f"fastload: {total:,} records, {failures} differing from the Python loop; no AddressSanitizer report",
           flush=True)
     return 1 if failures else 0
+
+
+def _fuzz_history_parts(module, c, cases: int, seed: int) -> int:
+    """A PostgreSQL loader's kept history rows handed over in parts (Batch.history_part) resume row after row
+    and account after account: batches of up to 60 entries over 4 accounts, handed over in parts of one byte
+    (one row each) and of 300 bytes, each against the same records' rows made whole (flush, copies). The
+    number of batches whose rows differ."""
+    from projections import bulk, fastload
+    from tests.helpers.pgcopy import rows_of
+    from tests.helpers.stub_consumer import Message
+
+    rng = random.Random(f"{seed}:fastload:parts")
+    body, header, differing, rows_total = compiled()["history"], c.header("history"), 0, 0
+
+    def batch():
+        return module.Batch(None, fastload._insert("history", fastload.HISTORY_BIND),
+                            fastload._insert("results", fastload.RESULT_BIND), {"history": "history"},
+                            {("history", 0): 1 << 40}, {}, {}, set(), set(), {}, c.header("history"),
+                            c.header("result"), c.header("balance"), c.body_decoder("balance"))
+
+    for _ in range(max(1, cases // 100)):
+        accounts = [f"user:{rng.randrange(10**6)}:USD" for _ in range(4)]
+        seqs = dict.fromkeys(accounts, 0)
+        values = []
+        for offset in range(rng.randrange(1, 61)):
+            account = rng.choice(accounts)
+            seqs[account] += 1
+            v = _common("history", rng)
+            v.update(account_id=account, seq=seqs[account], occurred_at_ms=offset, at_ms=offset)
+            values.append(header + body.encode(v))
+        made = []
+        for size in (1, 300, None):
+            b = batch()
+            for offset, value in enumerate(values):
+                b.run([Message("history", 0, offset, value)], 0)  # (a record handed back is left as it was)
+            streams = []
+            if size is not None:
+                streams.append(b"".join(iter(lambda: b.history_part(size), None)))
+            b.flush()
+            streams += [data for table, data in b.copies() if table == "history"]
+            b.close()
+            made.append([row for data in streams if data for row in rows_of(data, bulk.PgSink.TYPES["history"])])
+        rows_total += len(made[-1])
+        if made[0] != made[2] or made[1] != made[2]:
+            differing += 1
+            print(f"DIFFERS history parts: {len(made[0])}, {len(made[1])} rows in parts, {len(made[2])} whole",
+                  flush=True)
+    print(f"fastload history parts: {max(1, cases // 100):,} batches, {rows_total:,} rows handed over in parts",
+          flush=True)
+    return differing
 
 
 def main() -> int:

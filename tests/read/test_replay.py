@@ -256,6 +256,43 @@ except RuntimeError as exc:
         assert not [p.name for p in Path(target).parent.iterdir() if p.name.startswith(Path(target).name)]
 
 
+def test_a_rebuilt_store_has_every_index_of_the_schema_whatever_the_split(settings, new_store):
+    """Two loaders, one with history (one entry, no links: its transaction_links stay empty), the other with
+    results: the store has every index the schema names, those of a table a loader left empty too (a SQLite
+    loader's file is merged table by table, and an empty table was skipped with its indexes)."""
+    from confluent_kafka import Producer
+
+    from schemas.codec import codec
+
+    c = codec()
+    producer = Producer(settings.kafka_config())
+    account = "user:ix:USD"
+    producer.produce(settings.topic("history"), c.encode("history", {
+        "entry_id": f"{account}#1", "account_id": account, "currency": "USD", "seq": 1, "amount": "5",
+        "posted_after": "5", "held_after": "0", "transaction_id": "t1", "kind": "deposit", "reference": None,
+        "hold_id": None, "occurred_at_ms": 1_001, "at_ms": 1_001, "command_id": "t1", "client_id": "c"}),
+        account.encode(), partition=0)
+    for i in range(10):
+        producer.produce(settings.topic("results"), c.encode("result", {
+            "command_id": f"r{i}", "client_id": "c", "outcome": "accepted", "reason": None, "detail": "",
+            "duplicate": False, "transaction_id": f"r{i}", "at_ms": 2_000 + i, "holds": []}), b"c", partition=1)
+    producer.flush(10)
+    _until_offsets_answer(settings)
+    target = new_store("indexes")
+    result = replay.rebuild(settings, target, progress=False, workers=2)
+    assert (result.loaders, result.records) == (2, 11)
+    expected = set(re.findall(r"CREATE INDEX IF NOT EXISTS (\w+)", SCHEMA))
+    store = Store(target, readonly=True)
+    try:
+        if store.conn.postgres:
+            query = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+        else:
+            query = "SELECT name FROM sqlite_master WHERE type = 'index'"
+        assert expected <= {r[0] for r in store.conn.execute(query)}
+    finally:
+        store.close()
+
+
 def _until_offsets_answer(settings) -> None:
     """New topics: the broker answers ListOffsets for every partition a moment after creating them."""
     from confluent_kafka import KafkaError, KafkaException
