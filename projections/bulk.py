@@ -54,6 +54,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from pathlib import Path
+from queue import Empty
 from functools import partial
 from typing import Callable, Iterable
 
@@ -738,7 +739,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
             while not enough():
                 try:
                     index, what, payload = queue.get(timeout=0.2) if wait else queue.get_nowait()
-                except Exception:  # queue.Empty: report progress, check the children are alive
+                except Empty:  # report progress, check the children are alive
                     if not wait:
                         return
                     if progress is not None:
@@ -746,6 +747,12 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
                     dead = [c for c in children if c.exitcode not in (None, 0)]
                     if dead:
                         raise RuntimeError(f"replay loader {dead[0].name} exited with {dead[0].exitcode}")
+                    # A loader exits once its messages are in the pipe (its queue's feeder thread is joined
+                    # first), so one that exited with none left to read lost its word (the feeder drops
+                    # what it cannot pickle, printing only): waiting for it would never end.
+                    silent = [c for i, c in enumerate(children, start=1) if c.exitcode == 0 and i not in done]
+                    if silent and queue.empty():
+                        raise RuntimeError(f"replay loader {silent[0].name} exited without reporting its share done")
                     continue
                 if what == "error":
                     raise RuntimeError(f"replay loader {index}: {payload}")

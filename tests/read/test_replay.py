@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from projections import replay
 from projections.projector import catch_up
 from projections.store import BOOKKEEPING, HASHED, SCHEMA, Store, digests, digests_hash, projection_hash
@@ -193,12 +195,15 @@ def test_a_rebuild_indexes_links_as_the_projector_does_with_one_loader_or_two(se
             store.close()
 
 
-def test_a_loader_failing_after_it_handed_over_its_state_fails_the_rebuild(settings, new_store, tmp_path):
+@pytest.mark.parametrize("fault", ["raises", "silent"])
+def test_a_loader_failing_after_it_handed_over_its_state_fails_the_rebuild(settings, new_store, tmp_path, fault):
     """A loader process tells the rebuild its state once its records are read, then that its share is done;
-    the rebuild writes the per-account tables in between. A loader failing there (here: committing and
-    indexing its share, in the loader process only) fails the rebuild with its error, and nothing looks
-    complete: no SQLite file at the target (nor a partial one beside it), a PostgreSQL schema without
-    offsets. Run in a process of its own, which forks its loaders (one thread), so they inherit the fault."""
+    the rebuild writes the per-account tables in between. A loader failing there fails the rebuild, and
+    nothing looks complete: no SQLite file at the target (nor a partial one beside it), a PostgreSQL schema
+    without offsets. Faults, in the loader process only: committing and indexing its share raises (the
+    rebuild names the error); its last word cannot be pickled, so the queue's feeder thread drops it and the
+    process exits cleanly (the rebuild says so, rather than waiting for ever). Run in a process of its own,
+    which forks its loaders (one thread), so they inherit the fault."""
     import pickle
     import subprocess
     import sys
@@ -233,8 +238,17 @@ def failing(finish):
             raise OSError("no space left on device")
         return finish(self, *args)
     return fail_in_a_loader_process
-bulk.SqliteSink.finish = failing(bulk.SqliteSink.finish)
-bulk.PgSink.finish = failing(bulk.PgSink.finish)
+real_load = bulk.load
+def load_losing_its_last_word(*args, **kwargs):
+    loaded = real_load(*args, **kwargs)
+    if multiprocessing.parent_process() is not None:
+        loaded.timeline.append(("a phase", lambda: None))  # not picklable
+    return loaded
+if sys.argv[2] == "raises":
+    bulk.SqliteSink.finish = failing(bulk.SqliteSink.finish)
+    bulk.PgSink.finish = failing(bulk.PgSink.finish)
+else:
+    bulk.load = load_losing_its_last_word
 print("start method:", bulk.start_method())
 try:
     replay.rebuild(settings, target, progress=False, workers=2)
@@ -242,10 +256,11 @@ except RuntimeError as exc:
     print("rebuild failed:", exc)
 """
     root = Path(__file__).resolve().parent.parent.parent
-    out = subprocess.run([sys.executable, "-c", script, str(given)], cwd=root, capture_output=True, text=True,
-                         timeout=120).stdout
+    out = subprocess.run([sys.executable, "-c", script, str(given), fault], cwd=root, capture_output=True,
+                         text=True, timeout=120).stdout
     assert "start method: fork" in out, out
-    assert "rebuild failed: replay loader 1: OSError: no space left on device" in out, out
+    assert ("rebuild failed: replay loader 1: OSError: no space left on device" if fault == "raises" else
+            "rebuild failed: replay loader replay-loader-1 exited without reporting its share done") in out, out
     if "://" in target:
         store = Store(target, readonly=True)
         try:
