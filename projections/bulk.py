@@ -52,10 +52,10 @@ import uuid
 from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import partial
 from operator import itemgetter
 from pathlib import Path
 from queue import Empty
-from functools import partial
 from typing import Callable, Iterable
 
 from confluent_kafka import Consumer, TopicPartition
