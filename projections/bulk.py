@@ -187,6 +187,11 @@ class PgSink:
     def __init__(self, target: str, work: IndexWork | None = None):
         self.conn = db.connect(target)
         self.work = work
+        # No parallel workers for this connection's index builds: a rebuild already runs a loader per idle core,
+        # and the loaders build side by side (IndexWork); the server's workers for one build only competed
+        # with them (and cost a process start and a shared sort each). Whole rebuilds of the benchmark,
+        # alternated: median 0.582 s against 0.610, and 0.659 against 0.724 (docs/read-side.md, "eighth session").
+        self.conn.execute("SET max_parallel_maintenance_workers = 0")
 
     def history(self, rows: list[tuple]) -> None:
         self.conn.copy_rows("history", HISTORY_COLUMNS, rows, self.HISTORY_TYPES)
@@ -490,10 +495,13 @@ def _serve_consumer_queue(consumer: Consumer, reader, name: str) -> None:
 
 
 def _child(settings: Settings, keys: dict[Key, tuple[int, int]], target: str, part: str | None, index: int,
-           indexes: str, counters, queue, origin: float, work: IndexWork | None = None) -> None:
+           indexes: str, counters, queue, origin: float, work: IndexWork | None = None,
+           accounts: bool = False) -> None:
     """A loader process: its share into its own SQLite file (part) or into the PostgreSQL store. It tells the
-    parent twice: its state once every record is read and written ("read": the parent writes the per-account
-    tables meanwhile), then that its share is committed and indexed ("done", with the rest of its timeline)."""
+    parent twice: its state once every record is read and written ("read"), then that its share is committed
+    and indexed ("done", with the rest of its timeline). `accounts` (PostgreSQL): its share has every balance
+    record and result, so it writes the per-account tables itself once its records are read
+    (`_accounts_share`); else the parent writes them."""
     started = (f"loader {index}: running (process start, imports)", time.time() - origin)
     # Never collected: the process exits once its share is loaded. (Re-enabled at the end of the share, the
     # collector's first pass walked everything the share had kept, 8 ms before the parent heard from it.)
@@ -507,8 +515,16 @@ def _child(settings: Settings, keys: dict[Key, tuple[int, int]], target: str, pa
 
             def read(state: Loaded) -> None:
                 nonlocal sent
+                if accounts:  # on its own connection while the other loaders go on
+                    _write_accounts(sink.conn, state, lambda phase: mark(state, phase))
                 sent = len(state.timeline)  # (the state is not changed after this, but for its timeline)
-                queue.put((index, "read", replace(state, timeline=[started, *state.timeline])))
+                # (its balances and holds are in the tables already when it wrote them: the parent needs
+                # only the offsets and counts then)
+                queue.put((index, "read", replace(state, timeline=[started, *state.timeline],
+                                                  **({"balances": {}, "holds": {}} if accounts else {}))))
+
+            def mark(state: Loaded, phase: str) -> None:
+                state.timeline.append((f"loader {index}: {phase}", time.time() - origin))
 
             loaded = load(settings, keys, sink, progress, indexes, origin=origin, name=f"loader {index}",
                           read=read)
@@ -574,6 +590,18 @@ def shares(keys: dict[Key, tuple[int, int]], workers: int) -> list[dict[Key, tup
 
 
 TABLES = ("history", "transaction_links", "results")  # what loaders write (the rest is written at the end)
+
+
+def _accounts_share(split: list[dict[Key, tuple[int, int]]]) -> int | None:
+    """The share that has every balance record and every result, if one has (the usual split of two loaders:
+    history in one, results and balances in the other), else None. The per-account tables come from those
+    records only (balances from the balance records, holds from the results), so in PostgreSQL that share's
+    loader writes them itself as soon as it has read its records, rather than the replaying process once
+    every loader's state is in (often after its own indexes, one core idle meanwhile): whole rebuilds 2-5%
+    faster (docs/read-side.md, "eighth session"). Not in SQLite: there its rows would be copied from the
+    loader's file by the store's one writer, and measured so they saved nothing."""
+    having = [i for i, share in enumerate(split) if any(t in ("balances", "results") for t, _ in share)]
+    return having[0] if len(having) == 1 else None
 
 
 def _tables(keys: dict[Key, tuple[int, int]]) -> list[str]:
@@ -690,6 +718,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
     # against 0.39-0.43, docs/read-side.md). The loader adds it before anything that writes by key.
     deferred = [t for t in PRIMARY_KEYS if len(writers[t]) == 1] if postgres else []
     loader_indexes = [indexes_of(tables, [t for t in tables if t in deferred]) for tables in indexed]
+    accounts_by = _accounts_share(split) if postgres else None  # its loader writes the per-account tables
     prepare()  # before the loaders fork (a no-op when replay made it while it sampled the cores)
     tmp = tempfile.mkdtemp(prefix="ledger-rebuild-")
     main_path = None
@@ -708,7 +737,7 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
             if part:
                 parts.append((part, indexed[i]))
             child = ctx.Process(target=_child, args=(settings, share, target, part, i, loader_indexes[i],
-                                                     counters, queue, origin, work),
+                                                     counters, queue, origin, work, accounts_by == i),
                                 name=f"replay-loader-{i}", daemon=True)
             child.start()
             children.append(child)
@@ -763,13 +792,15 @@ def rebuild(settings: Settings, target: str, keys: dict[Key, tuple[int, int]], *
                     done.add(index)
 
         def write_accounts(wait: bool) -> None:
-            """The per-account tables, from every loader's state: at once if every state is here (or wait
-            for them). Not after the last loader: there they took 30-45 ms, one core idle (docs/read-side.md)."""
+            """The per-account tables, from every loader's state (unless a loader writes them: accounts_by):
+            at once if every state is here (or wait for them). Not after the last loader: there they took
+            30-45 ms, one core idle (docs/read-side.md)."""
             nonlocal total
             receive(lambda: len(states) == len(split), wait)
             if total is None and len(states) == len(split):
                 total = _merge([states[i] for i in range(len(split))])
-                _write_accounts(conn, total, mark)
+                if not accounts_by:
+                    _write_accounts(conn, total, mark)
 
         def read(state: Loaded) -> None:  # this process's share is read and written: before its indexes
             states[0] = state
