@@ -25,6 +25,12 @@ def reservation_key(key: str) -> str:
     return f"r/{key}"
 
 
+def vote_owed_key(key: str) -> str:
+    """The engine record key of a Reserve that came while the producer's copy of transaction key T waited in
+    this partition's queue: the copy votes when its turn comes ({"at_ms": the Reserve's log time})."""
+    return f"rv/{key}"
+
+
 def returning_key(transaction_id: str) -> str:
     """The engine record key of the returns in flight of a payment posted here (or of a step of one):
     {T: amount} for each return's reservation that counts on it, dropped at its decision (a commit counts

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import json
 
 from streams import core, limits, names, placement, routing
-from streams.inflight import InFlight, Reservation, coordinator_key, copy_due_key, reservation_key, returning_key
+from streams.inflight import (InFlight, Reservation, coordinator_key, copy_due_key, reservation_key, returning_key,
+                              vote_owed_key)
 from streams.waiting import COPIED_CREDIT_WAIT_MS, COPIED_WAIT_OVER, waiting_key
 from streams.names import INTERNAL_HOLD_MARK
 from streams.core import HoldStatus, Leg, Rejection, fx, returns, settlement
@@ -318,6 +319,11 @@ class Spanning:
             proc.answer_again(stored)
             if kind == "Decide":  # a crash may have cut the waiting commands it woke: they go on
                 self.drain(offset)
+            if kind == "Reserve":  # one that waits for the copy: a crash may have cut the drain after it
+                body = record["body"][1]
+                key = names.transaction_key(body["transaction_client_id"], body["transaction_command_id"])
+                if self.state.record(vote_owed_key(key)) is not None:
+                    self.drain(offset)
             if kind == "Vote":  # the final vote: a crash may have cut the coordinator's own commit after the
                 body = record["body"][1]  # decision, or the waiting commands that commit woke: they go on
                 key = names.transaction_key(body["transaction_client_id"], body["transaction_command_id"])
@@ -344,6 +350,17 @@ class Spanning:
         if reservation is not None and reservation.copy == proc.fingerprint(tx):
             # Reserved already at the position of the producer's own copy: that is this partition's vote.
             records = [(reservation_key(key), reservation.confirmed().to_json()), *self._without_timeout(key)]
+        elif reservation is None and self._copy_waiting(tx):
+            # The producer's copy waits here for its turn (credits in flight it needs, a command ahead of it):
+            # reserved now, the transaction would be judged before the commands the producer sent here
+            # before it (P10). The copy votes when it is decided (copy, below), within COPIED_CREDIT_WAIT_MS
+            # of its own log time whatever it waits for (drain), so no cycle of waits across partitions
+            # holds a begun transaction for longer.
+            proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset,
+                               _accepted(command_id, at_ms, "votes when the producer's copy waiting here is decided"),
+                               records=[(vote_owed_key(key), {"at_ms": at_ms})])
+            self.drain(offset)  # its wait may be over already (it is then decided, and votes, now)
+            return
         else:
             if reservation is not None and reservation.copy:  # a copy of another payload: undone
                 self._unreserve(key, reservation, names.step_id(key, "uncopy", proc.partition), offset, at_ms)
@@ -585,6 +602,10 @@ class Spanning:
         copy_id = names.step_id(key, "copy", proc.partition)
         if state.change_record(ENGINE_CLIENT, copy_id) is not None:
             return  # the copy sent again (a retry): its effect exists, the coordinator answers
+        owed = state.record(vote_owed_key(key))
+        if owed is not None:
+            self._copy_and_vote(tx, key, copy_id, owed["at_ms"], offset)
+            return
         late = state.record(reservation_key(key)) is not None or \
             state.change_record(ENGINE_CLIENT, names.step_id(key, "reserve", proc.partition)) is not None or \
             state.change_record(ENGINE_CLIENT, names.step_id(key, names.DECIDE, proc.partition)) is not None
@@ -602,6 +623,42 @@ class Spanning:
             wire = rejection_to_wire(copy_id, ENGINE_CLIENT, tx.at_ms, failure[0],
                                      limits.clip(failure[1], VOTE_DETAIL_CHARS))
         proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset, wire, records=records, **held)
+
+    def _copy_waiting(self, tx: core.PostTransaction) -> bool:
+        """Whether the producer's copy of tx waits in this partition's queue, not yet decided."""
+        state = self.state
+        if not state.waiting.holds_any(self._keys(tx)) and not state.record(WAITING):
+            return False  # (a waiting command holds its keys: the queue is read only when one might be it)
+        if state.change_record(ENGINE_CLIENT, names.step_id(names.transaction_key(tx.client_id, tx.command_id),
+                                                            "copy", self.proc.partition)) is not None:
+            return False
+        return any(entry["command"]["client_id"] == tx.client_id and entry["command"]["command_id"] == tx.command_id
+                   for _, entry in self._queue())
+
+    def _copy_and_vote(self, tx: core.PostTransaction, key: str, copy_id: str, at_ms: int, offset: int) -> None:
+        """The producer's copy of tx, decided at its turn after the coordinator's Reserve came (_reserve): it
+        reserves and votes, as the Reserve would have with the copy's reservation, in one StateChange."""
+        proc = self.proc
+        owed = [(vote_owed_key(key), None)]
+        refusal = self.refusal(tx)
+        if refusal is not None:
+            failure, records, held = refusal, [], {}
+        else:
+            failure, records, held = self._reserve_share(key, tx, offset, tx.at_ms, copy=True)
+        if failure is None:
+            # the Reserve came: the reservation is this partition's vote (no wait for a Reserve to confirm it)
+            records[-1] = (reservation_key(key), Reservation.from_json(records[-1][1]).confirmed().to_json())
+            wire = _accepted(copy_id, tx.at_ms, "reserved", held["holds"])
+        else:
+            wire = rejection_to_wire(copy_id, ENGINE_CLIENT, tx.at_ms, failure[0],
+                                     limits.clip(failure[1], VOTE_DETAIL_CHARS))
+        proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset, wire, records=[*records, *owed],
+                           **held)
+        reason, detail = self._vote_of(tx, failure)
+        coordinator = self.plan(tx).coordinator
+        self._send(key, "Vote", coordinator, self._key_in(tx, coordinator), at_ms, {
+            "transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
+            "participant": proc.partition, "reason": reason, "detail": detail})
 
     def _without_timeout(self, key: str) -> list[tuple[str, Any]]:
         """The engine records that end the wait of a copy's reservation for transaction key T (none if none)."""
@@ -812,7 +869,8 @@ class Spanning:
             chosen = None
             for where, entry in self._queue():
                 command, keys = self._waiting_command(where, entry)
-                if not ahead.intersection(keys) and not self._still_blocked(where, entry, command):
+                if self._vote_due(entry, command) or (not ahead.intersection(keys)
+                                                      and not self._still_blocked(where, entry, command)):
                     chosen = where, entry, command
                     break
                 ahead.update(entry["keys"])
@@ -830,6 +888,15 @@ class Spanning:
                 proc.commit_change(ENGINE_CLIENT, woke_id, "", offset, _accepted(woke_id, command.at_ms),
                                    records=self._unqueued(where, entry))
         proc.position = position
+
+    def _vote_due(self, entry: dict[str, Any], command: core.Command) -> bool:
+        """A producer's copy whose coordinator's Reserve came while it waited (its vote owed), and whose wait for
+        copied credits is over (COPIED_CREDIT_WAIT_MS of log time): it is decided now, whatever it waits for.
+        Its vote holds a transaction the coordinator has begun, and a begun transaction must not wait without
+        a bound: two such copies in two partitions, each waiting for the other's transaction, would wait for
+        ever. Judged then on what its accounts hold, as a Reserve is."""
+        return bool(entry.get(COPIED_WAIT_OVER)) and isinstance(command, core.PostTransaction) and \
+            self.state.record(vote_owed_key(names.transaction_key(command.client_id, command.command_id))) is not None
 
     def _blocked(self, command: core.Command, earlier: dict[str, int], copied_since: float | None = None) -> bool:
         """What a reservation holds: a locked hold (release, expiry), an account with reservations (freeze,
@@ -895,10 +962,11 @@ class Spanning:
         route = self.proc.route(command)
         if route.command is not None:  # decided here, in one step
             return for_funds(now, route.command) and not for_funds(funded, route.command)
-        if not route.spans or not isinstance(command, core.PostTransaction):
+        if not isinstance(command, core.PostTransaction) or not (route.spans or self.is_copy(command)):
             return False  # decided elsewhere, or refused on its route
-        # In two phases: its share here reserves what it takes from each account here as an internal hold
-        # (_reserve_share); the core judges that hold, as it will then.
+        # In two phases (coordinated here, or the producer's copy of one coordinated elsewhere): its share here
+        # reserves what it takes from each account here as an internal hold (_reserve_share); the core judges
+        # that hold, as it will then.
         taken: dict[str, int] = {}
         for leg in command.legs:
             if leg.hold_id is None and self.proc.home(leg.account_id) == self.proc.partition:

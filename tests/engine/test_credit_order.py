@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from streams.inflight import vote_owed_key
 from streams.waiting import COPIED_CREDIT_WAIT_MS
 from tests.helpers.bus import Bus, assert_books_balance
 from tests.helpers.interleavings import (EVERYONE, X1, X2, Y1, Y2, balances, checked_bus, finish,
@@ -227,19 +228,53 @@ def test_a_linked_batch_that_funds_its_own_debit_does_not_wait_for_a_credit_in_f
     assert_books_balance(bus, ("USD",))
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: a share in a partition that does not coordinate its transaction "
-                                       "(reserved at the producer's copy) is judged at once, not made to wait for "
-                                       "the credits in flight (docs/engine.md, Order across partitions, step 7)")
-def test_a_share_reserved_by_a_copy_waits_for_the_credits_in_flight_too():
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "restarted while its vote is owed"])
+def test_a_share_reserved_by_a_copy_waits_for_the_credits_in_flight_too(restart):
     """The same client sends X1 -> Y1 600, then X1 -100, Y1 -100 -> X2 (coordinated in partition 0). In that order
-    both fit; partition 1 reads the second's copy while the first's credit is in flight there."""
+    both fit. Partition 1 reads the second's copy while the first's credit is in flight there: the copy waits, and
+    the coordinator's Reserve, which comes while it waits, waits with it (the copy votes once decided). Before,
+    the copy was judged at once and the Reserve reserved afresh: refused for the money the first was bringing."""
     bus = funded_two_partitions()
     bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
     bus.send_placed(transfer("two", (X1, -100), (Y1, -100), (X2, 200)), X1)
-    bus.step(1)
-    bus.step(1)
+    bus.step(1)  # in's copy: 600 to Y1 reserved
+    bus.step(1)  # two's copy: Y1 -100 waits for that credit
+    bus.step(0)
+    bus.step(0)  # both begun: their Reserves are in partition 1's log, in's first
+    bus.step(1)  # in's Reserve: its copy's reservation is the vote
+    bus.step(1)  # two's Reserve: its copy still waits, so does the vote
+    assert _answers(bus, "in", "two") == [None, None]
+    assert bus.procs[1].state.record(vote_owed_key("t/two")) is not None
+    if restart:
+        bus.crash_restore(1)
     bus.run()
     assert _answers(bus, "in", "two") == [("accepted", None)] * 2
+    assert balances(bus) == {X1: (300, 0), X2: (200, 0), Y1: (500, 0), Y2: (0, 0)}
+    assert bus.procs[1].state.record(vote_owed_key("t/two")) is None
+    assert_books_balance(bus, ("USD",))
+
+
+def test_two_copies_each_waiting_for_the_other_s_begun_transaction_vote_after_the_bound():
+    """T1 (coordinated in partition 0) credits X2 and debits Y1, which holds nothing; T2 (coordinated in partition
+    1) credits Y1 and debits X2, which holds nothing. Each partition begins its own transaction first, so each
+    copy finds the other's credit in flight, begun, and waits, and each coordinator's Reserve waits for that copy:
+    each transaction waits for the other. A copy whose vote is owed waits COPIED_CREDIT_WAIT_MS of log time at
+    most; then both are judged on what the accounts hold (neither can go first: both refused), not never."""
+    bus = funded_two_partitions()
+    bus.send(transfer("dep-y2", ("sys:world:USD", -1_000), (Y2, 1_000)), Y2)
+    bus.run()
+    bus.send_placed(transfer("t1", (X1, -100), (X2, 150), (Y1, -50)), X1)
+    bus.send_placed(transfer("t2", (Y2, -100), (Y1, 150), (X2, -50)), Y2)
+    log = bus.logs[1]
+    log[-2], log[-1] = log[-1], log[-2]  # partition 1 reads t2 (its own) before t1's copy, as partition 0 t1
+    bus.run()
+    assert _answers(bus, "t1", "t2") == [None, None], "each waits for the other"
+    _later(bus, COPIED_CREDIT_WAIT_MS + 1)
+    assert _answers(bus, "t1", "t2") == [("rejected", "insufficient_funds")] * 2
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (1_000, 0)}
+    for p in (0, 1):
+        assert not bus.stored(p, b"e/r/") and not bus.stored(p, b"e/rv/") and not bus.stored(p, b"e/wq/")
+    assert_books_balance(bus, ("USD",))
 
 
 def _bound_outlives(restart: bool) -> list:
