@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: lock install broker broker-stop topics run demo test test-long test-core bench bench-scale bench-client bench-read bench-restore bench-memory soak-memory bench-core soak kill-soak faults clean mutate fuzz fuzz-decode
+.PHONY: lock install broker broker-stop topics run demo test test-long test-core bench bench-scale bench-client bench-commit bench-read bench-restore bench-memory soak-memory bench-core soak kill-soak faults clean mutate fuzz fuzz-decode
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required, found " + sys.version.split()[0])'
@@ -79,6 +79,12 @@ bench-scale: install
 
 bench-client: install
 	scripts/with-broker.sh $(BIN)/python benchmarks/client_bench.py
+
+# Where a command's latency goes between partitions: the broker's price of a worker's commit (N concurrent
+# transactions over K partitions each), then produce->result by kind through a worker (docs/engine.md,
+# "One Kafka transaction per partition per batch"). BENCH_COMMIT_ARGS="--partitions 2 --rates 20,200,400".
+bench-commit: install
+	scripts/with-broker.sh $(BIN)/python benchmarks/commit_bench.py $(BENCH_COMMIT_ARGS)
 
 bench-read: install
 	scripts/with-broker.sh scripts/with-postgres.sh $(BIN)/python benchmarks/replay_bench.py

@@ -231,6 +231,9 @@ def main() -> None:
                              "rate 'half': half the saturated rate of the throughput run of the same kind)")
     parser.add_argument("--seconds", type=float, default=15, help="length of each latency run")
     parser.add_argument("--workers", type=int, default=1, help="worker processes sharing the partitions")
+    parser.add_argument("--partitions", type=int, default=8,
+                        help="partitions of the ledger's topics (a worker commits one Kafka transaction per "
+                             "partition it owns in each batch: docs/engine.md, \"Latency\")")
     parser.add_argument("--compare-count", type=int, default=10000,
                         help="commands per throughput run of the comparison with and without transactions")
     parser.add_argument("--only-compare", action="store_true", help="run the comparison (5.) alone")
@@ -243,7 +246,7 @@ def main() -> None:
         print("\n".join(compare(args.compare_count, args.batch, 300, args.seconds)))
         return
 
-    settings = fresh_settings(bootstrap())
+    settings = fresh_settings(bootstrap(), args.partitions)
     workers = [Worker(settings, Path(tempfile.mkdtemp(prefix="bench-")), f"bench{i}", session_timeout_s=30).start()
                for i in range(args.workers)]
     try:
