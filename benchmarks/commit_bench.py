@@ -36,7 +36,7 @@ from connectors.local_worker import Worker  # noqa: E402
 from connectors.scratch import bootstrap, drop, fresh_settings  # noqa: E402
 from streams import routing  # noqa: E402
 
-SHAPES = ((1, 1, 20), (1, 13, 20), (8, 1, 20), (8, 13, 20), (8, 26, 20), (1, 40, 160))
+SHAPES = ((1, 1, 20), (1, 13, 20), (8, 1, 20), (8, 7, 20), (8, 13, 20), (8, 26, 20), (1, 40, 160))
 
 
 def pct(values: list[float], q: float) -> float:
