@@ -356,9 +356,11 @@ class Spanning:
             # before it (P10). The copy votes when it is decided (copy, below), within COPIED_CREDIT_WAIT_MS
             # of its own log time whatever it waits for (drain), so no cycle of waits across partitions
             # holds a begun transaction for longer.
+            # The Reserve's own body is kept: the copy that comes to vote may carry another payload under the
+            # same ids (a broken or hostile producer), and the vote is owed for what the coordinator judged.
             proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset,
                                _accepted(command_id, at_ms, "votes when the producer's copy waiting here is decided"),
-                               records=[(vote_owed_key(key), {"at_ms": at_ms})])
+                               records=[(vote_owed_key(key), {"at_ms": at_ms, "body": _jsonable(body)})])
             self.drain(offset)  # its wait may be over already (it is then decided, and votes, now)
             return
         else:
@@ -603,17 +605,20 @@ class Spanning:
         if state.change_record(ENGINE_CLIENT, copy_id) is not None:
             return  # the copy sent again (a retry): its effect exists, the coordinator answers
         owed = state.record(vote_owed_key(key))
-        if owed is not None:
-            self._copy_and_vote(tx, key, copy_id, owed["at_ms"], offset)
+        decided = state.change_record(ENGINE_CLIENT, names.step_id(key, names.DECIDE, proc.partition)) is not None
+        if owed is not None and not decided:
+            self._copy_and_vote(tx, key, copy_id, owed, offset)
             return
-        late = state.record(reservation_key(key)) is not None or \
-            state.change_record(ENGINE_CLIENT, names.step_id(key, "reserve", proc.partition)) is not None or \
-            state.change_record(ENGINE_CLIENT, names.step_id(key, names.DECIDE, proc.partition)) is not None
+        late = decided or state.record(reservation_key(key)) is not None or \
+            state.change_record(ENGINE_CLIENT, names.step_id(key, "reserve", proc.partition)) is not None
         if late or self.refusal(tx) is not None:
             # Reserved or decided already (the coordinator's step came first), or a command the coordinator
-            # refuses: nothing to reserve here.
+            # refuses: nothing to reserve here. A vote still owed once the decision came is owed no more: the
+            # decision was an abort (no commit without this partition's vote), and a reservation made now
+            # would be one nothing ends.
             proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset,
-                               _accepted(copy_id, tx.at_ms, "nothing to reserve"))
+                               _accepted(copy_id, tx.at_ms, "nothing to reserve"),
+                               records=[] if owed is None else [(vote_owed_key(key), None)])
             return
         failure, records, held = self._reserve_share(key, tx, offset, tx.at_ms, copy=True)
         if failure is None:
@@ -635,16 +640,26 @@ class Spanning:
         return any(entry["command"]["client_id"] == tx.client_id and entry["command"]["command_id"] == tx.command_id
                    for _, entry in self._queue())
 
-    def _copy_and_vote(self, tx: core.PostTransaction, key: str, copy_id: str, at_ms: int, offset: int) -> None:
+    def _copy_and_vote(self, tx: core.PostTransaction, key: str, copy_id: str, owed: dict[str, Any],
+                       offset: int) -> None:
         """The producer's copy of tx, decided at its turn after the coordinator's Reserve came (_reserve): it
-        reserves and votes, as the Reserve would have with the copy's reservation, in one StateChange."""
+        reserves and votes, as the Reserve would have with the copy's reservation, in one StateChange. A copy
+        of another payload than the Reserve's (same ids) reserves the Reserve's transaction instead, as a
+        Reserve does when it finds such a copy reserved: the vote is for what the coordinator judged, and is
+        sent to that coordinator."""
         proc = self.proc
-        owed = [(vote_owed_key(key), None)]
-        refusal = self.refusal(tx)
+        reserve = owed.get("body")  # None: written before the Reserve's body was kept (the copy's own then)
+        voted = tx if reserve is None else self._transaction(reserve, owed["at_ms"])
+        same = voted is tx or proc.fingerprint(voted) == proc.fingerprint(tx)
+        refusal = self.refusal(voted)
         if refusal is not None:
             failure, records, held = refusal, [], {}
-        else:
+        elif same:
             failure, records, held = self._reserve_share(key, tx, offset, tx.at_ms, copy=True)
+        else:
+            failure, records, held = self._reserve_share(key, voted, offset, owed["at_ms"], copy=False)
+        owed_records = [(vote_owed_key(key), None)]
+        at_ms = owed["at_ms"]
         if failure is None:
             # the Reserve came: the reservation is this partition's vote (no wait for a Reserve to confirm it)
             records[-1] = (reservation_key(key), Reservation.from_json(records[-1][1]).confirmed().to_json())
@@ -652,11 +667,11 @@ class Spanning:
         else:
             wire = rejection_to_wire(copy_id, ENGINE_CLIENT, tx.at_ms, failure[0],
                                      limits.clip(failure[1], VOTE_DETAIL_CHARS))
-        proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset, wire, records=[*records, *owed],
-                           **held)
-        reason, detail = self._vote_of(tx, failure)
-        coordinator = self.plan(tx).coordinator
-        self._send(key, "Vote", coordinator, self._key_in(tx, coordinator), at_ms, {
+        proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset, wire,
+                           records=[*records, *owed_records], **held)
+        reason, detail = self._vote_of(voted, failure)
+        coordinator = self.plan(tx).coordinator if reserve is None else reserve["coordinator_partition"]
+        self._send(key, "Vote", coordinator, self._key_in(voted, coordinator), at_ms, {
             "transaction_client_id": tx.client_id, "transaction_command_id": tx.command_id,
             "participant": proc.partition, "reason": reason, "detail": detail})
 
@@ -1116,8 +1131,11 @@ class Spanning:
         reservation = self._reservation(key)
         if reservation is None:  # nothing reserved here, or committed just before a crash cut this step's record
             committed = state.change_record(ENGINE_CLIENT, names.step_id(key, names.COMMIT, proc.partition))
+            # A vote owed (the copy still waits) is owed no more: a decision without this partition's vote is
+            # an abort, and the copy, decided later, finds it and reserves nothing (copy).
+            owed = [(vote_owed_key(key), None)] if state.record(vote_owed_key(key)) is not None else []
             proc.commit_change(ENGINE_CLIENT, command_id, fingerprint, offset,
-                               _accepted(command_id, at_ms, "" if committed else "late"))
+                               _accepted(command_id, at_ms, "" if committed else "late"), records=owed)
             self.drain(offset)
             return
         records = [*self._dropped(key, reservation), *self._without_timeout(key)]

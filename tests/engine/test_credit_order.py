@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import pytest
 
+from schemas.codec import codec
+from streams import names, placement, routing
+from streams.core.policy import ClientPolicy
 from streams.inflight import vote_owed_key
 from streams.waiting import COPIED_CREDIT_WAIT_MS
-from tests.helpers.bus import Bus, assert_books_balance
+from tests.helpers import forged
+from tests.helpers.bus import Bus, Record, assert_books_balance
 from tests.helpers.interleavings import (EVERYONE, X1, X2, Y1, Y2, balances, checked_bus, finish,
                                         funded_two_partitions, send)
 from tests.helpers.records import linked, open_account, place_hold, transfer
+
+
+C = codec()
 
 
 def answer(bus: Bus, command_id: str) -> tuple:
@@ -324,3 +331,81 @@ def test_a_linked_batch_counts_a_copied_credit_only_for_a_while():
     bus.send(linked(transfer("l3", ("sys:world:USD", -1), (Y1, 1)), transfer("l4", (Y1, -100), (Y2, 100))), Y1, at)
     bus.run()
     assert _answers(bus, "l4") == [("rejected", "insufficient_funds")]
+
+
+def _two_with_its_vote_owed() -> Bus:
+    """The setting of the test above, stopped once partition 1 owes the vote of "two" (its copy waits)."""
+    bus = funded_two_partitions()
+    bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
+    bus.send_placed(transfer("two", (X1, -100), (Y1, -100), (X2, 200)), X1)
+    for partition in (1, 1, 0, 0, 1, 1):  # both copies, both begins, both Reserves
+        bus.step(partition)
+    assert bus.procs[1].state.record(vote_owed_key("t/two")) is not None
+    return bus
+
+
+def test_an_abort_that_comes_while_the_vote_is_owed_leaves_nothing_reserved():
+    """The coordinator aborts "two" while partition 1 still owes its vote (as it did when it refused a retry of
+    the transaction under a changed policy): the copy, decided later, finds the decision and reserves
+    nothing. Before, it reserved and voted, and the coordinator's answer to that vote, an abort under the step
+    id the first one had used, was taken for a duplicate: a reservation nothing ended, holding Y1's money."""
+    bus = _two_with_its_vote_owed()
+    abort = forged.decide(names.step_id("t/two", names.DECIDE, 1), False, "t", "two")
+    bus.logs[1].append(Record(bus.clock, b"k", abort, bus._seal(1, abort)))
+    bus.run()
+    assert not bus.stored(1, b"e/r/t/two") and not bus.stored(1, b"e/rv/"), "a reservation nothing ends"
+    assert not [e for e in bus.history if e["account_id"] == Y1 and "two" in (e["command_id"] or "")], \
+        "partition 1 moved money for an aborted transaction"
+
+
+def test_a_copy_of_another_payload_waiting_under_the_same_ids_votes_for_what_the_coordinator_judged():
+    """A broken or hostile producer places "two" in partition 0 and, under the same ids, another payload in
+    partition 1 (Y1 -150 there). Partition 1's copy waits for the credit in flight; the coordinator's Reserve
+    (for the payload partition 0 began) comes meanwhile and waits for it. The vote partition 1 then sends is for
+    the Reserve's transaction, which it reserves and later posts: the books balance. Before, it reserved and
+    posted the copy's legs, which the coordinator never judged, and clearing no longer summed to zero."""
+    bus = funded_two_partitions()
+    bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
+    at = bus.clock + 1
+    for partition, value in ((0, transfer("two", (X1, -100), (Y1, -100), (X2, 200))),
+                             (1, transfer("two", (X1, -100), (Y1, -150), (X2, 250)))):
+        record = C.decode("command", value)
+        placed, partitions = placement.placements(record, X1, bus.n)
+        assert partitions == [0, 1]
+        bus.send_to(partition, C.encode("command", placed), at, routing.routing_key_for(X1).encode())
+    for partition in (1, 1, 0, 0, 1, 1):  # both copies (two's waits), both begins, both Reserves
+        bus.step(partition)
+    assert bus.procs[1].state.record(vote_owed_key("t/two")) is not None
+    bus.run()
+    assert _answers(bus, "in", "two") == [("accepted", None)] * 2
+    assert balances(bus) == {X1: (300, 0), X2: (200, 0), Y1: (500, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_retry_of_a_transaction_under_way_is_answered_by_its_decision_whatever_the_policy_says_now():
+    """The client's policy at the coordinator changes while "two" is in flight (its clients file reloaded), and
+    the client sends "two" again: the retry is answered when the transaction is decided, with its decision.
+    Before, the retry was judged again under the new policy, refused not_permitted and remembered while the
+    transaction went on, and the abort sent for it reached partition 1 before its vote."""
+    bus = _two_with_its_vote_owed()
+    bus.procs[0].clients = _Clients(debit=())  # the policy now lets client t debit nothing
+    bus.send_placed(transfer("two", (X1, -100), (Y1, -100), (X2, 200)), X1)  # the client's retry
+    bus.run()
+    decisions = [(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == "two"]
+    assert decisions and set(decisions) == {("accepted", None)}, decisions
+    assert balances(bus) == {X1: (300, 0), X2: (200, 0), Y1: (500, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
+class _Clients:
+    """The clients file as the partition sees it (streams/authn.py): every record taken as client t's (the
+    signatures are tests/engine/test_authn.py's), t's policy as given."""
+
+    def __init__(self, debit: tuple[str, ...]):
+        self._policy = ClientPolicy("t", debit=debit, credit=("*",), open=("*",), freeze=("*",), hold=("*",))
+
+    def authenticate(self, topic, partition, value, headers) -> tuple[str, str]:
+        return "t", ""
+
+    def policy(self, client_id: str) -> ClientPolicy:
+        return self._policy
