@@ -25,7 +25,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,13 +35,9 @@ from connectors.client import LedgerClient, Leg  # noqa: E402
 from connectors.local_worker import Worker  # noqa: E402
 from connectors.scratch import bootstrap, drop, fresh_settings  # noqa: E402
 from streams import routing  # noqa: E402
+from benchmarks.engine_bench import collect_latencies, pct  # noqa: E402  (pct: in ms)
 
 SHAPES = ((1, 1, 20), (1, 13, 20), (8, 1, 20), (8, 7, 20), (8, 13, 20), (8, 26, 20), (1, 40, 160))
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 def commit_shapes(server: str, rounds: int) -> list[str]:
@@ -83,10 +79,10 @@ def commit_shapes(server: str, rounds: int) -> list[str]:
                     if round_ >= 5:  # the first rounds register partitions and warm connections
                         rows.append((time.perf_counter() - began, max(t[0] for t in times),
                                      max(t[1] for t in times)))
-            ms = [[row[c] * 1000 for row in rows] for c in range(3)]
-            lines.append(f"  {n} transaction(s) x {k:2d} partitions, {r} records each: round p50 {pct(ms[0], .5):5.1f} "
-                         f"ms p99 {pct(ms[0], .99):5.1f}; slowest flush p50 {pct(ms[1], .5):5.1f}, slowest commit "
-                         f"p50 {pct(ms[2], .5):4.1f}")
+            secs = [[row[c] for row in rows] for c in range(3)]
+            lines.append(f"  {n} transaction(s) x {k:2d} partitions, {r} records each: round p50 {pct(secs[0], .5):5.1f} "
+                         f"ms p99 {pct(secs[0], .99):5.1f}; slowest flush p50 {pct(secs[1], .5):5.1f}, slowest commit "
+                         f"p50 {pct(secs[2], .5):4.1f}")
     finally:
         admin.delete_topics(topics)
     return lines
@@ -104,7 +100,7 @@ def hop_latency(settings, worker: Worker, rate: float, seconds: float) -> list[s
     sent_at: dict[str, float] = {}
     seen: dict[str, float] = {}
     stop = threading.Event()
-    reader = threading.Thread(target=_read_results, args=(settings, sent_at, seen, stop))
+    reader = threading.Thread(target=collect_latencies, args=(settings, sent_at, "results", stop, seen))
     reader.start()
     time.sleep(1.0)
     kinds: dict[str, str] = {}
@@ -129,31 +125,14 @@ def hop_latency(settings, worker: Worker, rate: float, seconds: float) -> list[s
     client.close()
     lines = [f"  at {rate:.0f}/s for {seconds:.0f} s ({count} commands):"]
     for kind in dict.fromkeys(kinds.values()):
-        ms = [seen[c] * 1000 for c in seen if kinds.get(c) == kind]
-        if ms:
-            lines.append(f"    {kind:31s} {len(ms):5d} seen, p50 {pct(ms, .5):6.1f} ms, p90 {pct(ms, .9):6.1f}, "
-                         f"p99 {pct(ms, .99):6.1f}")
+        waits = [seen[c] for c in seen if kinds.get(c) == kind]
+        if waits:
+            lines.append(f"    {kind:31s} {len(waits):5d} seen, p50 {pct(waits, .5):6.1f} ms, p90 {pct(waits, .9):6.1f}, "
+                         f"p99 {pct(waits, .99):6.1f}")
     with open(worker.log_path, errors="replace") as log:
         log.seek(log_from)
         lines += ["    worker: " + line.split("[INFO] ", 1)[1].strip() for line in log if "commands/s in" in line]
     return lines
-
-
-def _read_results(settings, sent_at: dict[str, float], seen: dict[str, float], stop: threading.Event) -> None:
-    consumer = Consumer({**settings.kafka_config(), "group.id": f"hops-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
-    name = settings.topic("results")
-    consumer.assign([TopicPartition(name, p, consumer.get_watermark_offsets(TopicPartition(name, p))[1])
-                     for p in range(settings.partitions)])
-    while not stop.is_set():
-        for msg in consumer.consume(2000, timeout=0.01):
-            if msg.error():
-                continue
-            now = time.perf_counter()
-            command_id = msg.key().decode().split("/", 1)[1]  # keyed client_id/command_id
-            if command_id in sent_at and command_id not in seen:
-                seen[command_id] = now - sent_at[command_id]
-    consumer.close()
 
 
 def main() -> None:
