@@ -608,7 +608,15 @@ class PartitionProcessor:
         kind = self.kind = record["body"][0].rsplit(".", 1)[-1]
         self.guarded(offset, f"command {command_id[:200]!r} of {client_id[:200]!r}",
                      lambda: self._decide_record(record, kind, len(value), offset, timestamp_ms),
-                     lambda why: self.reject(command_id, client_id, timestamp_ms, Rejection.INVALID_COMMAND, why))
+                     lambda why: self._refuse_record(record, kind, offset, timestamp_ms, why))
+
+    def _refuse_record(self, record: dict[str, Any], kind: str, offset: int, timestamp_ms: int, why: str) -> None:
+        """A record that failed part way (undone): rejected. A Reserve is also remembered and answered with a
+        vote against, so its transaction ends (aborted) instead of waiting for a vote that never comes."""
+        if kind == "Reserve" and record["client_id"] == ENGINE_CLIENT and self._is_sealed() and \
+                self.spanning.refuse_reserve(record, offset, timestamp_ms, why):
+            return
+        self.reject(record["command_id"], record["client_id"], timestamp_ms, Rejection.INVALID_COMMAND, why)
 
     def guarded(self, offset: int, what: str, decide: Callable[[], None], refuse: Callable[[str], None]) -> None:
         """decide() the commands of one record, or, if it fails part way, undo all it staged and refuse(why).

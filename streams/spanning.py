@@ -338,6 +338,28 @@ class Spanning:
         step = {"Reserve": self._reserve, "Vote": self._vote, "Decide": self._decide}[kind]
         step(key, command_id, fingerprint, body, offset, at_ms)
 
+    def refuse_reserve(self, record: dict[str, Any], offset: int, at_ms: int, why: str) -> bool:
+        """A Reserve that failed part way here (its effects undone): remembered as rejected invalid_command and
+        answered with a vote saying so, in one StateChange, so the coordinator decides the transaction (an
+        abort) instead of holding its reservations for a vote that never comes. False when not even the
+        transaction it carries can be read (then it is only rejected)."""
+        proc = self.proc
+        body = record["body"][1]
+        try:
+            tx = self._transaction(body, at_ms)
+            routing_key = self._key_in(tx, body["coordinator_partition"])
+        except Exception:  # noqa: BLE001 - the failure being refused may be this very one
+            return False
+        key = names.transaction_key(body["transaction_client_id"], body["transaction_command_id"])
+        command_id, detail = record["command_id"], limits.clip(why, VOTE_DETAIL_CHARS)
+        proc.commit_change(ENGINE_CLIENT, command_id, _fingerprint("Reserve", body), offset,
+                           rejection_to_wire(command_id, ENGINE_CLIENT, at_ms, Rejection.INVALID_COMMAND, detail))
+        self._send(key, "Vote", body["coordinator_partition"], routing_key, at_ms, {
+            "transaction_client_id": body["transaction_client_id"],
+            "transaction_command_id": body["transaction_command_id"],
+            "participant": proc.partition, "reason": Rejection.INVALID_COMMAND.code, "detail": detail})
+        return True
+
     def _reserve(self, key: str, command_id: str, fingerprint: str, body: dict, offset: int, at_ms: int,
                  refusals: list[tuple[Rejection, str]] = ()) -> None:
         proc, state = self.proc, self.state

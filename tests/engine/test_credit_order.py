@@ -409,3 +409,4 @@ class _Clients:
 
     def policy(self, client_id: str) -> ClientPolicy:
         return self._policy
+

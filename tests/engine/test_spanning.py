@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 
 from streams import routing
+from streams.spanning import Spanning
 from tests.helpers.bus import Bus, Crash, assert_books_balance
+from tests.helpers.interleavings import X1, X2, Y1, Y2, balances, funded_two_partitions
+from tests.helpers import records
 from tests.helpers.records import N, command, tx
 from tests.helpers.trade import BUYER_BTC, BUYER_P, BUYER_USDT, SELLER_BTC, SELLER_USDT, TRADE, setup_trade
 
@@ -251,3 +254,27 @@ def test_a_quiet_partition_gets_a_tick_when_a_copys_wait_has_ended(tmp_path):
         assert engine._due(0, 5_000), "the copy's wait has ended: the partition needs a tick"
     finally:
         engine.close()
+
+
+def test_a_reserve_that_fails_part_way_votes_against_and_the_transaction_ends(monkeypatch):
+    """Partition 1 fails part way through a Reserve (a fault of its own: any exception, undone). Before, the
+    Reserve was only rejected and the coordinator waited for ever for its vote, X1's money reserved and the
+    sender unanswered. Now the Reserve is remembered as rejected invalid_command and votes so: the transfer is
+    refused with that reason and nothing stays reserved anywhere."""
+    bus = funded_two_partitions()
+    reserve_share = Spanning._reserve_share
+
+    def failing_in_partition_1(self, key, tx, *args, **kwargs):
+        if self.proc.partition == 1:
+            raise RuntimeError("a fault of partition 1's own")
+        return reserve_share(self, key, tx, *args, **kwargs)
+
+    monkeypatch.setattr(Spanning, "_reserve_share", failing_in_partition_1)
+    bus.send(records.transfer("out", (X1, -100), (Y1, 100)), X1)  # not placed: partition 1 hears of it by the Reserve
+    bus.run()
+    assert [(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == "out"] == [
+        ("rejected", "invalid_command")]
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
+    for p in (0, 1):
+        assert not bus.stored(p, b"e/r/") and not bus.stored(p, b"e/c/"), "left in flight"
+    assert_books_balance(bus, ("USD",))
