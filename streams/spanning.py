@@ -659,8 +659,14 @@ class Spanning:
         if state.change_record(ENGINE_CLIENT, names.step_id(names.transaction_key(tx.client_id, tx.command_id),
                                                             "copy", self.proc.partition)) is not None:
             return False
-        return any(entry["command"]["client_id"] == tx.client_id and entry["command"]["command_id"] == tx.command_id
-                   for _, entry in self._queue())
+        for where, entry in self._queue():
+            if entry["command"]["client_id"] == tx.client_id and entry["command"]["command_id"] == tx.command_id:
+                # Only the producer's copy of a transaction: another command under the same ids (a payment of
+                # this partition's own, say) never votes, and a vote owed to it would be owed for ever.
+                command, _ = self._waiting_command(where, entry)
+                if isinstance(command, core.PostTransaction) and self.is_copy(command):
+                    return True
+        return False
 
     def _copy_and_vote(self, tx: core.PostTransaction, key: str, copy_id: str, owed: dict[str, Any],
                        offset: int) -> None:
@@ -792,6 +798,10 @@ class Spanning:
                                f"{proc.partition}:{proc.position}")
         if state.change_record(ENGINE_CLIENT, wait_id) is not None:
             return  # this very record redone after a crash: it waits already
+        if isinstance(command, core.PostTransaction) and self.is_copy(command) and self._copy_waiting(command):
+            # The producer's copy sent again while the first waits here: that one is decided at its turn (and
+            # votes, if the Reserve came). Refused here as the copy's step, it would take that step's place.
+            return
         waiting = len(state.waiting) + len(state.record(WAITING) or ())
         if waiting >= WAITING_LIMIT:
             detail = f"{waiting} commands already wait for transactions in flight here"

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from schemas.codec import codec
-from streams import names, placement, routing
+from streams import names, placement, routing, spanning
 from streams.core.policy import ClientPolicy
-from streams.inflight import vote_owed_key
+from streams.inflight import coordinator_key, vote_owed_key
 from streams.waiting import COPIED_CREDIT_WAIT_MS
 from tests.helpers import forged
 from tests.helpers.bus import Bus, Record, assert_books_balance
@@ -410,3 +410,41 @@ class _Clients:
     def policy(self, client_id: str) -> ClientPolicy:
         return self._policy
 
+
+
+def test_a_waiting_command_that_only_shares_the_ids_is_not_taken_for_the_copy():
+    """Partition 1 queues a payment of its own under the ids of a transaction T that partition 0 coordinates
+    (the same client reusing a command id). T's Reserve must not take that payment for T's copy: it reserves
+    and votes at once. Before, it recorded a vote owed that nothing ever paid: T never decided, X1's 50 held
+    (a review's finding, verified by this test)."""
+    bus = funded_two_partitions()
+    bus.send(transfer("in", (X1, -600), (Y1, 600)), X1)
+    bus.step(0)
+    bus.step(1)  # in reserved in partition 1: a begun credit; its vote is in partition 0's log
+    bus.send(transfer("t", (Y1, -500), (Y2, 500)), Y1)  # a local payment, ids t/t
+    bus.step(1)  # waits for in's credit
+    bus.send(transfer("t", (X1, -50), (Y1, 50)), X1)  # T, the same ids, coordinated in partition 0
+    log = bus.logs[0]
+    log[-2], log[-1] = log[-1], log[-2]  # T begins before in's vote is read
+    bus.step(0)
+    bus.step(1)  # T's Reserve
+    bus.run()
+    _later(bus, COPIED_CREDIT_WAIT_MS + 1)
+    assert bus.procs[1].state.record(vote_owed_key("t/t")) is None, "a vote owed for ever"
+    assert bus.procs[0].state.record(coordinator_key("t/t")) is None, "T never decided, X1's 50 held"
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_copy_sent_again_while_the_first_waits_leaves_the_vote_to_the_first(monkeypatch):
+    """The copy of "two" waits and its Reserve leaves the vote owed; the producer sends "two" again while the
+    waiting queue is full (WAITING_LIMIT, 1 here). Before, the second copy was refused in_flight as the copy's
+    step, which the first then found and did nothing: no vote was ever sent (a review's finding). Now a copy
+    already waiting here is not queued or refused again, and the first votes at its turn."""
+    monkeypatch.setattr(spanning, "WAITING_LIMIT", 1)
+    bus = _two_with_its_vote_owed()
+    bus.send_placed(transfer("two", (X1, -100), (Y1, -100), (X2, 200)), X1)  # the producer's retry
+    bus.run()
+    _later(bus, COPIED_CREDIT_WAIT_MS + 1)
+    assert _answers(bus, "in", "two") == [("accepted", None)] * 2
+    assert balances(bus) == {X1: (300, 0), X2: (200, 0), Y1: (500, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
