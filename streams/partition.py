@@ -742,7 +742,9 @@ class PartitionProcessor:
             self.linked_spanning.retry(command, offset, alone=True)
             return
         if self.spanning.under_way(command):  # a retry of a transaction in flight: answered when decided
-            self._route_and_execute(command, offset)
+            # Straight to the transaction's own record, which compares payloads: routed afresh, another payload
+            # under the same ids (local, or elsewhere) was executed as a command of its own.
+            self.spanning.begin(command, offset)
             return
         if not woken and self.spanning.waits(command):
             self.spanning.wait(command, offset)

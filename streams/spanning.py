@@ -345,6 +345,8 @@ class Spanning:
         transaction it carries can be read (then it is only rejected)."""
         proc = self.proc
         body = record["body"][1]
+        if self.state.change_record(ENGINE_CLIENT, record["command_id"]) is not None:
+            return False  # decided before (redelivered after a crash cut what followed): its decision stands
         try:
             tx = self._transaction(body, at_ms)
             routing_key = self._key_in(tx, body["coordinator_partition"])

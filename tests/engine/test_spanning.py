@@ -278,3 +278,19 @@ def test_a_reserve_that_fails_part_way_votes_against_and_the_transaction_ends(mo
     for p in (0, 1):
         assert not bus.stored(p, b"e/r/") and not bus.stored(p, b"e/c/"), "left in flight"
     assert_books_balance(bus, ("USD",))
+
+
+def test_another_payload_under_the_ids_of_a_transaction_under_way_is_refused_not_executed():
+    """While "in" (X1 -> Y1, across partitions) is under way in partition 0, the client sends another payload
+    under the same ids that partition 0 could post alone (X1 -> X2). It is id_conflict, and moves nothing.
+    Before, a retry of a transaction under way was routed afresh: the other payload posted as a command of its
+    own, and the transaction's final vote then took its inbox entry for the decision (a review's finding)."""
+    bus = funded_two_partitions()
+    bus.send(records.transfer("in", (X1, -600), (Y1, 600)), X1)
+    bus.step(0)  # under way: its Reserve is in partition 1's log
+    bus.send(records.transfer("in", (X1, -300), (X2, 300)), X1)
+    bus.run()
+    answers = [(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == "in" and not r["duplicate"]]
+    assert answers == [("rejected", "id_conflict"), ("accepted", None)], answers
+    assert balances(bus) == {X1: (400, 0), X2: (0, 0), Y1: (600, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
