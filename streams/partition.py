@@ -738,6 +738,12 @@ class PartitionProcessor:
             return
         if not seen_checked and self._answer_if_seen(command):
             return
+        if not isinstance(command, core.PostTransaction) and self._names_in_flight(command):
+            # Another kind of command under the ids of a transaction in flight here: its decision is that
+            # transaction's (the final vote reads it under these ids), so it is never executed on its own.
+            self.reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
+                        f"command {command.command_id} of {command.client_id} names a transaction in flight")
+            return
         if self.linked_spanning.in_flight(command):  # a retry: answered when its linked batch is decided
             self.linked_spanning.retry(command, offset, alone=True)
             return
@@ -754,6 +760,12 @@ class PartitionProcessor:
             self.reject_command(command, *refusal)
             return
         self._route_and_execute(command, offset)
+
+    def _names_in_flight(self, command: core.Command) -> bool:
+        """Whether the command's ids name a transaction this partition coordinates and has begun, or one of a
+        linked batch in flight here, whatever the command's kind."""
+        key = names.transaction_key(command.client_id, command.command_id)
+        return self.spanning.ids_in_flight(key) or self.linked_spanning.ids_in_flight(key)
 
     def _refuse_unreadable(self, record: dict[str, Any], kind: str, at_ms: int, reason: Rejection,
                            detail: str) -> None:

@@ -156,6 +156,10 @@ class Spanning:
         return isinstance(command, core.PostTransaction) and command.client_id != ENGINE_CLIENT and \
             self.state.record(coordinator_key(names.transaction_key(command.client_id, command.command_id))) is not None
 
+    def ids_in_flight(self, key: str) -> bool:
+        """A transaction under key T that this partition coordinates and has begun, not yet decided."""
+        return self.state.record(coordinator_key(key)) is not None
+
     def refusal(self, command: core.Command) -> tuple[Rejection, str] | None:
         """Why a client's command may not run while transactions are in flight (None: it may)."""
         if command.client_id == ENGINE_CLIENT:
@@ -653,10 +657,11 @@ class Spanning:
                                      limits.clip(failure[1], VOTE_DETAIL_CHARS))
         proc.commit_change(ENGINE_CLIENT, copy_id, proc.fingerprint(tx), offset, wire, records=records, **held)
 
-    def _copy_waiting(self, tx: core.PostTransaction) -> bool:
-        """Whether the producer's copy of tx waits in this partition's queue, not yet decided."""
+    def _copy_waiting(self, tx: core.PostTransaction, any_payload: bool = False) -> bool:
+        """Whether the producer's copy of tx waits in this partition's queue, not yet decided. any_payload: a
+        copy of another payload under its ids counts too (the queue is then read whatever keys tx names)."""
         state = self.state
-        if not state.waiting.holds_any(self._keys(tx)) and not state.record(WAITING):
+        if not any_payload and not state.waiting.holds_any(self._keys(tx)) and not state.record(WAITING):
             return False  # (a waiting command holds its keys: the queue is read only when one might be it)
         if state.change_record(ENGINE_CLIENT, names.step_id(names.transaction_key(tx.client_id, tx.command_id),
                                                             "copy", self.proc.partition)) is not None:
@@ -800,7 +805,8 @@ class Spanning:
                                f"{proc.partition}:{proc.position}")
         if state.change_record(ENGINE_CLIENT, wait_id) is not None:
             return  # this very record redone after a crash: it waits already
-        if isinstance(command, core.PostTransaction) and self.is_copy(command) and self._copy_waiting(command):
+        if isinstance(command, core.PostTransaction) and self.is_copy(command) and \
+                self._copy_waiting(command, any_payload=True):
             # The producer's copy sent again while the first waits here: that one is decided at its turn (and
             # votes, if the Reserve came). Refused here as the copy's step, it would take that step's place.
             return

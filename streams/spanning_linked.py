@@ -174,6 +174,10 @@ class LinkedSpanning:
         share = self.state.record(_SHARE + key)
         return share["at_ms"] if share is not None and share.get("copy") is not None else None
 
+    def ids_in_flight(self, key: str) -> bool:
+        """A transaction under key T of a linked batch in flight whose home is this partition."""
+        return self.state.record(_ITEM + key) is not None
+
     def in_flight(self, command: core.Command) -> bool:
         """A transaction of a linked batch in flight whose home is this partition (see retry)."""
         return isinstance(command, core.PostTransaction) and \

@@ -16,7 +16,7 @@ from tests.helpers import forged
 from tests.helpers.bus import Bus, Record, assert_books_balance
 from tests.helpers.interleavings import (EVERYONE, X1, X2, Y1, Y2, balances, checked_bus, finish,
                                         funded_two_partitions, send)
-from tests.helpers.records import linked, open_account, place_hold, transfer
+from tests.helpers.records import linked, local_users, open_account, place_hold, transfer
 
 
 C = codec()
@@ -447,4 +447,32 @@ def test_a_copy_sent_again_while_the_first_waits_leaves_the_vote_to_the_first(mo
     _later(bus, COPIED_CREDIT_WAIT_MS + 1)
     assert _answers(bus, "in", "two") == [("accepted", None)] * 2
     assert balances(bus) == {X1: (300, 0), X2: (200, 0), Y1: (500, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_copy_of_another_payload_sent_while_the_copy_waits_does_not_take_its_step(monkeypatch):
+    """As the test above, but the copy sent again carries another payload under the same ids, naming no
+    account of the waiting copy (its share, Y2 -100, itself waits for a credit in flight), while the queue is
+    full. It must not be refused as the copy's step either: the waiting copy votes at its turn. Before, whether
+    a copy waited was looked up by the keys of the one arriving (a review's finding)."""
+    monkeypatch.setattr(spanning, "WAITING_LIMIT", 1)
+    bus = funded_two_partitions()
+    x3 = next(u for u in local_users(50, 0) if u not in EVERYONE)  # in partition 0, named by no other command
+    bus.send(open_account(x3), x3)
+    bus.send(transfer("dep3", ("sys:world:USD", -100), (x3, 100)), x3)
+    bus.run()
+    bus.send_placed(transfer("in", (X1, -600), (Y1, 600)), X1)
+    bus.send_placed(transfer("in2", (X1, -300), (Y2, 300)), X1)
+    bus.send_placed(transfer("two", (X1, -100), (Y1, -100), (X2, 200)), X1)
+    for partition in (1, 1, 1, 0, 0, 0, 1, 1, 1):  # the copies (two's waits), the begins, the Reserves
+        bus.step(partition)
+    assert bus.procs[1].state.record(vote_owed_key("t/two")) is not None
+    other = C.decode("command", transfer("two", (x3, -100), (Y2, -100), (x3, 200)))  # no account of the first
+    placed, partitions = placement.placements(other, x3, bus.n)
+    assert partitions == [0, 1]
+    bus.send_to(1, C.encode("command", placed), None, routing.routing_key_for(X1).encode())
+    bus.run()
+    _later(bus, COPIED_CREDIT_WAIT_MS + 1)
+    assert _answers(bus, "in", "in2", "two") == [("accepted", None)] * 3
+    assert balances(bus) == {X1: (0, 0), X2: (200, 0), Y1: (500, 0), Y2: (300, 0)}
     assert_books_balance(bus, ("USD",))

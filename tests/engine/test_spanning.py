@@ -294,3 +294,20 @@ def test_another_payload_under_the_ids_of_a_transaction_under_way_is_refused_not
     assert answers == [("rejected", "id_conflict"), ("accepted", None)], answers
     assert balances(bus) == {X1: (400, 0), X2: (0, 0), Y1: (600, 0), Y2: (0, 0)}
     assert_books_balance(bus, ("USD",))
+
+
+def test_another_kind_of_command_under_the_ids_of_a_transaction_under_way_is_refused_not_executed():
+    """T ("in": X1 -600, Y1 -100, X2 +700; Y1 holds nothing, so partition 1 refuses) is under way in partition 0
+    when the client sends a hold under the same command id. It is id_conflict, and T is refused. Before, the
+    hold was executed as a command of its own, and T's final vote took its inbox entry for the decision: T
+    committed in partition 0 although partition 1 had refused, money created (a review's finding)."""
+    bus = funded_two_partitions()
+    bus.send(records.transfer("in", (X1, -600), (Y1, -100), (X2, 700)), X1)
+    bus.step(0)  # under way
+    bus.send(records.command("in", "PlaceHold", {"hold_id": "h", "account_id": X1, "amount": "10",
+                                                "expires_at_ms": None}), X1)
+    bus.run()
+    answers = [(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == "in" and not r["duplicate"]]
+    assert answers == [("rejected", "id_conflict"), ("rejected", "insufficient_funds")], answers
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
