@@ -193,6 +193,13 @@ class Linking:
                 proc.linked_spanning.retry(command, offset)
                 self._refuse_others(offset, commands, command, linked.waiting_on(command.command_id))
                 return
+        for index, command in commands:
+            if not isinstance(command, core.PostTransaction):
+                proc.position = f"{offset}.{index}"
+                if proc.refused_for_ids_in_flight(command):  # answered id_conflict, not remembered
+                    self._refuse_others(offset, commands, command,
+                                        linked.failed(command.command_id, Rejection.ID_CONFLICT.code))
+                    return
         credited: dict[str, int] = {}  # what the batch's earlier commands credit, per account
         for (index, command), route in zip(commands, routes):
             if self._seen(command):
@@ -282,6 +289,8 @@ class Linking:
                 return
             if proc.spanning.under_way(command):
                 proc.spanning.begin(command, offset)
+                return
+            if proc.refused_for_ids_in_flight(command):  # another kind of command under those ids
                 return
         if changes.processed is None:  # a duplicate or an id conflict: answered, nothing written
             proc.emit_result(result_to_wire(result, command.at_ms, None, []))

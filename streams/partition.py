@@ -659,6 +659,8 @@ class PartitionProcessor:
         # answered when decided (judge). Judged again under a policy changed since, it was refused and that
         # refusal remembered while the transaction went on, and the aborts sent for it could reach a
         # participant before its vote.
+        if not isinstance(command, core.PostTransaction) and self.refused_for_ids_in_flight(command):
+            return  # before the policy: a refusal remembered under those ids would be the transaction's decision
         retry = self.spanning.under_way(command) or self.linked_spanning.in_flight(command)
         refusal = None if retry else self.not_permitted(command)
         if refusal is not None:
@@ -738,11 +740,7 @@ class PartitionProcessor:
             return
         if not seen_checked and self._answer_if_seen(command):
             return
-        if not isinstance(command, core.PostTransaction) and self._names_in_flight(command):
-            # Another kind of command under the ids of a transaction in flight here: its decision is that
-            # transaction's (the final vote reads it under these ids), so it is never executed on its own.
-            self.reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
-                        f"command {command.command_id} of {command.client_id} names a transaction in flight")
+        if not isinstance(command, core.PostTransaction) and self.refused_for_ids_in_flight(command):
             return
         if self.linked_spanning.in_flight(command):  # a retry: answered when its linked batch is decided
             self.linked_spanning.retry(command, offset, alone=True)
@@ -761,11 +759,17 @@ class PartitionProcessor:
             return
         self._route_and_execute(command, offset)
 
-    def _names_in_flight(self, command: core.Command) -> bool:
-        """Whether the command's ids name a transaction this partition coordinates and has begun, or one of a
-        linked batch in flight here, whatever the command's kind."""
+    def refused_for_ids_in_flight(self, command: core.Command) -> bool:
+        """A command whose ids name a transaction in flight here (begun by this partition, or of a linked batch)
+        and that is not that transaction sent again: answered id_conflict, not remembered, and True. Its ids'
+        decision is the transaction's (the final vote reads it under those ids), so it is never decided on its
+        own, alone or in a batch."""
         key = names.transaction_key(command.client_id, command.command_id)
-        return self.spanning.ids_in_flight(key) or self.linked_spanning.ids_in_flight(key)
+        if not (self.spanning.ids_in_flight(key) or self.linked_spanning.ids_in_flight(key)):
+            return False
+        self.reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
+                    f"command {command.command_id} of {command.client_id} names a transaction in flight")
+        return True
 
     def _refuse_unreadable(self, record: dict[str, Any], kind: str, at_ms: int, reason: Rejection,
                            detail: str) -> None:

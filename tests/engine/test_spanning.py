@@ -311,3 +311,24 @@ def test_another_kind_of_command_under_the_ids_of_a_transaction_under_way_is_ref
     assert answers == [("rejected", "id_conflict"), ("rejected", "insufficient_funds")], answers
     assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
     assert_books_balance(bus, ("USD",))
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["named first", "named second"])
+def test_a_linked_batch_naming_a_transaction_under_way_by_another_command_is_refused_whole(first):
+    """As the test above, the hold sent in a linked batch of one partition with another hold. The hold under
+    T's id is id_conflict and its batch is refused whole; T is refused as its participant voted. Before, the
+    batch executed the hold under T's id and T's final vote took it for the decision (a review's finding)."""
+    bus = funded_two_partitions()
+    bus.send(records.transfer("in", (X1, -600), (Y1, -100), (X2, 700)), X1)
+    bus.step(0)  # under way
+    named = records.command("in", "PlaceHold", {"hold_id": "h", "account_id": X1, "amount": "10",
+                                               "expires_at_ms": None})
+    other = records.place_hold("h2", X1, 20, None)
+    bus.send(records.linked(*((named, other) if first else (other, named))), X1)
+    bus.run()
+    answers = [(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == "in" and not r["duplicate"]]
+    assert answers == [("rejected", "id_conflict"), ("rejected", "insufficient_funds")], answers
+    assert [(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == "hold:h2"] == [
+        ("rejected", "linked_failed")]
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
