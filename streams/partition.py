@@ -764,11 +764,14 @@ class PartitionProcessor:
         and that is not that transaction sent again: answered id_conflict, not remembered, and True. Its ids'
         decision is the transaction's (the final vote reads it under those ids), so it is never decided on its
         own, alone or in a batch."""
-        key = names.transaction_key(command.client_id, command.command_id)
+        return self._ids_in_flight_refused(command.client_id, command.command_id, command.at_ms)
+
+    def _ids_in_flight_refused(self, client_id: str, command_id: str, at_ms: int) -> bool:
+        key = names.transaction_key(client_id, command_id)
         if not (self.spanning.ids_in_flight(key) or self.linked_spanning.ids_in_flight(key)):
             return False
-        self.reject(command.command_id, command.client_id, command.at_ms, Rejection.ID_CONFLICT,
-                    f"command {command.command_id} of {command.client_id} names a transaction in flight")
+        self.reject(command_id, client_id, at_ms, Rejection.ID_CONFLICT,
+                    f"command {command_id} of {client_id} names a transaction in flight")
         return True
 
     def _refuse_unreadable(self, record: dict[str, Any], kind: str, at_ms: int, reason: Rejection,
@@ -786,6 +789,8 @@ class PartitionProcessor:
                 self.reject(command_id, client_id, at_ms, Rejection.ID_CONFLICT,
                              f"command {command_id} of {client_id} was already used with another payload")
             return
+        if self._ids_in_flight_refused(client_id, command_id, at_ms):
+            return  # remembered under those ids, this refusal would be the transaction's decision
         self.commit_change(client_id, command_id, fingerprint, self._offset,
                            rejection_to_wire(command_id, client_id, at_ms, reason, limits.clip(detail)))
 

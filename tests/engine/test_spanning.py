@@ -332,3 +332,20 @@ def test_a_linked_batch_naming_a_transaction_under_way_by_another_command_is_ref
         ("rejected", "linked_failed")]
     assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
     assert_books_balance(bus, ("USD",))
+
+
+def test_an_unreadable_command_under_the_ids_of_a_transaction_under_way_does_not_decide_it():
+    """While "in" is under way, the client sends a hold under the same command id whose amount cannot be read.
+    It is id_conflict, not remembered, and "in" is decided by its votes (accepted). Before, its rejection was
+    remembered under those ids and the final vote took it for the decision: a transaction every participant
+    had accepted was aborted, its client answered invalid_amount (a review's finding)."""
+    bus = funded_two_partitions()
+    bus.send(records.transfer("in", (X1, -600), (Y1, 600)), X1)
+    bus.step(0)  # under way
+    bus.send(records.command("in", "PlaceHold", {"hold_id": "h", "account_id": X1, "amount": "abc",
+                                                "expires_at_ms": None}), X1)
+    bus.run()
+    answers = [(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == "in" and not r["duplicate"]]
+    assert answers == [("rejected", "id_conflict"), ("accepted", None)], answers
+    assert balances(bus) == {X1: (400, 0), X2: (0, 0), Y1: (600, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
