@@ -143,7 +143,10 @@ class Linking:
                 return
             if denied is not None:
                 proc.position = f"{offset}.{next(index for index, command in commands if command is denied[0])}"
-                proc.reject_command(denied[0], Rejection.NOT_PERMITTED, denied[1])
+                # (Under the ids of a transaction in flight here it is id_conflict, not remembered: remembered,
+                # that refusal would be the transaction's decision.)
+                if not proc.refused_for_ids_in_flight(denied[0]):
+                    proc.reject_command(denied[0], Rejection.NOT_PERMITTED, denied[1])
             self._refuse_others(offset, commands, *failure)
             return
         proc.expire_due(offset, timestamp_ms)

@@ -1123,7 +1123,11 @@ class Spanning:
         decided = self.state.change_record(tx.client_id, tx.command_id)
         if decided is not None:  # redone after such a crash: the decision and its outputs exist
             result_wire = proc.codec.decode("result", decided["result"])
-            commit = result_wire["outcome"] == "accepted"
+            # Committed only if that entry is this transaction's own acceptance: an entry of another command
+            # under its ids (which the shell refuses to store while it is in flight) must never commit shares
+            # a participant refused (P1); it can only abort.
+            own = pending.fingerprint is None or decided["fingerprint"] == pending.fingerprint
+            commit = result_wire["outcome"] == "accepted" and own and not failures
         elif failures:
             reason, detail = _most_urgent(failures)
             wire = rejection_to_wire(tx.command_id, tx.client_id, at_ms, reason, detail)

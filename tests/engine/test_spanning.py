@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from streams import routing
+from streams import names, routing
+from streams.authn import Clients
+from streams.inflight import coordinator_key
 from streams.spanning import Spanning
+from tests.helpers.authn import CLIENTS, A, B, funded, results, send, wallet_tx
 from tests.helpers.bus import Bus, Crash, assert_books_balance
 from tests.helpers.interleavings import X1, X2, Y1, Y2, balances, funded_two_partitions
 from tests.helpers import records
@@ -348,4 +351,48 @@ def test_an_unreadable_command_under_the_ids_of_a_transaction_under_way_does_not
     answers = [(r["outcome"], r["reason"]) for r in bus.results if r["command_id"] == "in" and not r["duplicate"]]
     assert answers == [("rejected", "id_conflict"), ("accepted", None)], answers
     assert balances(bus) == {X1: (400, 0), X2: (0, 0), Y1: (600, 0), Y2: (0, 0)}
+    assert_books_balance(bus, ("USD",))
+
+
+def test_a_command_its_policy_refuses_in_a_linked_batch_under_the_ids_of_a_transaction_under_way():
+    """With clients and policies: "in" (wallet's, debits in two partitions) is under way when wallet sends, in a
+    linked batch of one partition, a freeze under the same command id, which its policy does not allow. It is
+    id_conflict, not remembered, and "in" is decided by its votes. Before, the policy's refusal was remembered
+    under those ids and the final vote took it for the decision (a review's finding, reproduced)."""
+    bus = Bus()
+    clients = Clients.from_mapping(CLIENTS)
+    for proc in bus.procs.values():
+        proc.clients = clients
+    funded(bus)
+    home = routing.partition_of_account(A, N)
+    far = next(f"user:{i}:USD" for i in range(100, 10_000) if routing.partition_of_account(f"user:{i}:USD", N) != home)
+    send(bus, records.open_account(far, client="wallet"), far)
+    send(bus, wallet_tx("dep2", ("sys:world:USD", -500), (far, 500)), far)
+    bus.run()
+    send(bus, wallet_tx("in", (A, -600), (far, -100), (B, 700)), A)
+    bus.step(home)
+    assert bus.procs[home].state.record(coordinator_key(names.transaction_key("wallet", "in"))) is not None
+    send(bus, records.linked(command("in", "FreezeAccount", {"account_id": A}, "wallet")), A)
+    bus.run()
+    assert [r[:2] for r in results(bus, "in") if not r[2]] == [("rejected", "id_conflict"), ("accepted", None)]
+    assert_books_balance(bus, ("USD",))
+
+
+def test_the_final_vote_never_commits_on_another_command_s_entry_under_the_transaction_s_ids():
+    """The last line of defence behind the refusals above: an accepted inbox entry of another command under
+    the ids of a transaction in flight (written here by hand, as no path of the shell may any more) is not
+    taken for the transaction's acceptance. The transaction, which a participant refused, is aborted
+    everywhere and the books balance; before, its coordinator committed its share (money created)."""
+    bus = funded_two_partitions()
+    bus.send(records.transfer("in", (X1, -600), (Y1, -100), (X2, 700)), X1)  # Y1 holds nothing: refused there
+    bus.step(0)  # under way
+    proc = bus.procs[0]
+    proc.state.begin_command()
+    proc.commit_change("t", "in", "another command's fingerprint", bus.position[0], {
+        "command_id": "in", "client_id": "t", "outcome": "accepted", "reason": None, "detail": "",
+        "duplicate": False, "transaction_id": None, "at_ms": bus.clock, "holds": []})
+    bus.changelogs[0].extend(proc.take()[1])
+    proc.state.commit(len(bus.changelogs[0]))
+    bus.run()
+    assert balances(bus) == {X1: (1_000, 0), X2: (0, 0), Y1: (0, 0), Y2: (0, 0)}
     assert_books_balance(bus, ("USD",))
