@@ -655,12 +655,12 @@ class PartitionProcessor:
             return
         if self._answer_if_seen(command):
             return
+        if not isinstance(command, core.PostTransaction) and self.refused_for_ids_in_flight(command):
+            return  # before the policy: a refusal remembered under those ids would be the transaction's decision
         # A retry of a transaction under way was judged, its client's policy included, when it began: it is
         # answered when decided (judge). Judged again under a policy changed since, it was refused and that
         # refusal remembered while the transaction went on, and the aborts sent for it could reach a
         # participant before its vote.
-        if not isinstance(command, core.PostTransaction) and self.refused_for_ids_in_flight(command):
-            return  # before the policy: a refusal remembered under those ids would be the transaction's decision
         retry = self.spanning.under_way(command) or self.linked_spanning.in_flight(command)
         refusal = None if retry else self.not_permitted(command)
         if refusal is not None:

@@ -154,7 +154,7 @@ class Spanning:
         is answered when it is decided, before any judgement of holds or locks (which its own reservation
         holds, so they would refuse it)."""
         return isinstance(command, core.PostTransaction) and command.client_id != ENGINE_CLIENT and \
-            self.state.record(coordinator_key(names.transaction_key(command.client_id, command.command_id))) is not None
+            self.ids_in_flight(names.transaction_key(command.client_id, command.command_id))
 
     def ids_in_flight(self, key: str) -> bool:
         """A transaction under key T that this partition coordinates and has begun, not yet decided."""

@@ -181,7 +181,7 @@ class LinkedSpanning:
     def in_flight(self, command: core.Command) -> bool:
         """A transaction of a linked batch in flight whose home is this partition (see retry)."""
         return isinstance(command, core.PostTransaction) and \
-            self.state.record(_ITEM + names.transaction_key(command.client_id, command.command_id)) is not None
+            self.ids_in_flight(names.transaction_key(command.client_id, command.command_id))
 
     def retry(self, command: core.Command, offset: int, alone: bool = False) -> None:
         """A command of a linked batch in flight sent again to its home, alone or in another batch: answered
