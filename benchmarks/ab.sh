@@ -25,7 +25,7 @@ ARGS=("$@")
 case "$BENCH" in
   client_bench) [ ${#ARGS[@]} -gt 0 ] || ARGS=(--count 30000)
                 PATTERN='([0-9.]+) results/s end to end'; HIGHER=1 ;;
-  engine_bench) [ ${#ARGS[@]} -gt 0 ] || ARGS=(--only-compare)
+  engine_bench) [ ${#ARGS[@]} -gt 0 ] || ARGS=(--count 8000 --latency 300:0 --seconds 10)
                 PATTERN='one record per command: +([0-9.]+) commands/s'; HIGHER=1 ;;
   # HEAD's script against both trees' code: scripts before it printed only a time per decided command, and a
   # decided command is not the same amount of work in every commit (the steps per transfer change).

@@ -10,11 +10,8 @@
    the saturated rate measured in 1. (one record per command, then batched every 20 ms; the goal of issue 15 is
    a p99 of at most 100 ms there) and at 300/s.
 4. Worker RSS at start and end.
-5. Transactions: the same throughput and latency runs (shorter) against this tree with the partitions'
-   transactions committed one after another instead of concurrently (LEDGER_SERIAL_COMMITS=1). (Until
-   2026-12-02 also against a worker of 504ff6d, the last commit without Kafka transactions, from a git
-   worktree; run with today's client it answered nothing within 120 s, not investigated further, so it was
-   dropped; its figures are in docs/engine.md, "With Kafka transactions".)
+(Until 2026-12-03 a fifth part compared the partitions' transactions committed one after another and
+concurrently; a batch is one transaction since, docs/engine.md, "One Kafka transaction per batch".)
 """
 from __future__ import annotations
 
@@ -164,35 +161,6 @@ def latency(settings, gen, client, rate: float, seconds: float, batch_ms: float)
     return "\n".join(lines)
 
 
-def compare(count: int, batch: int, rate: float, seconds: float) -> list[str]:
-    """The same short runs against serial and concurrent commits of the partitions' transactions."""
-    variants = [("transactions, serial commits", ROOT, {"LEDGER_SERIAL_COMMITS": "1"}),
-                ("transactions, concurrent commits", ROOT, {})]
-    lines = [f"transactions compared ({count} commands per throughput run; latency at {rate:.0f}/s, "
-             f"one record per command):"]
-    for name, root, env in variants:
-        settings = fresh_settings(bootstrap())
-        worker = Worker(settings, Path(tempfile.mkdtemp(prefix="bench-")), "cmp", session_timeout_s=30,
-                        extra_env=env, root=root).start()
-        try:
-            client = LedgerClient(settings, "bench")
-            gen = LoadGenerator(client, seed=1, mix=Mix(users=2000, invalid=0.02), run_id="c")
-            client.wait(gen.open_accounts(), 120)
-            single, _ = throughput(client, gen, count, 1)
-            batched, _ = throughput(client, gen, count, batch)
-            lat = latency(settings, gen, client, rate, seconds, 0).splitlines()
-            lines.append(f"  {name:34s} {single:6.0f} commands/s one per record, {batched:6.0f} batched; "
-                         + "; ".join(x.strip() for x in lat[1:]))
-            client.close()
-        except Exception as exc:  # noqa: BLE001 - one variant that cannot run (an old tree) ends only its own line
-            lines.append(f"  {name:34s} did not run: {type(exc).__name__}: {str(exc)[:160]} "
-                         f"(its worker's log: {worker.log_path})")
-        finally:
-            worker.stop()
-            drop(settings)
-    return lines
-
-
 def scale(counts: list[int], count: int, batch: int) -> list[str]:
     """Throughput with 1, 2, 4, ... worker processes sharing the partitions of one fresh set of topics each
     (the group rebalances as each worker joins; accounts are opened after the last one is ready)."""
@@ -232,18 +200,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15, help="length of each latency run")
     parser.add_argument("--workers", type=int, default=1, help="worker processes sharing the partitions")
     parser.add_argument("--partitions", type=int, default=8,
-                        help="partitions of the ledger's topics (a worker commits one Kafka transaction per "
-                             "partition it owns in each batch: docs/engine.md, \"Latency\")")
-    parser.add_argument("--compare-count", type=int, default=10000,
-                        help="commands per throughput run of the comparison with and without transactions")
-    parser.add_argument("--only-compare", action="store_true", help="run the comparison (5.) alone")
+                        help="partitions of the ledger's topics")
     parser.add_argument("--scale", help="only the scale-out runs: worker counts, comma-separated (e.g. 1,2,4)")
     args = parser.parse_args()
     if args.scale:
         print("\n".join(scale([int(n) for n in args.scale.split(",")], args.count, args.batch)))
-        return
-    if args.only_compare:
-        print("\n".join(compare(args.compare_count, args.batch, 300, args.seconds)))
         return
 
     settings = fresh_settings(bootstrap(), args.partitions)
@@ -290,7 +251,6 @@ def main() -> None:
         for w in workers:
             w.stop()
         drop(settings)
-    print("\n".join(compare(args.compare_count, args.batch, 300, args.seconds)))
 
 
 if __name__ == "__main__":

@@ -77,11 +77,14 @@ CURRENCY = "USD"
 
 
 class _Delivered:
-    """What a delivery callback reads from a message: its offset."""
-    __slots__ = ("_offset",)
+    """What a delivery callback reads from a message: its partition and offset."""
+    __slots__ = ("_partition", "_offset")
 
-    def __init__(self, offset: int):
-        self._offset = offset
+    def __init__(self, partition: int, offset: int):
+        self._partition, self._offset = partition, offset
+
+    def partition(self) -> int:
+        return self._partition
 
     def offset(self) -> int:
         return self._offset
@@ -137,7 +140,7 @@ class NullProducer:
         if topic == self.log.commands_topic:
             self.log.follow_ups.append(CommandRecord(partition, offset, timestamp, key, value, headers))
         if on_delivery is not None:
-            self._callbacks.append((on_delivery, _Delivered(offset)))
+            self._callbacks.append((on_delivery, _Delivered(partition, offset)))
 
     def poll(self, timeout=0) -> int:
         """Serves the delivery reports, as librdkafka's poll does (a snapshot's manifest waits for one)."""
@@ -213,8 +216,9 @@ class Bench:
         self.dir = Path(tempfile.mkdtemp(prefix="engine-core-bench-"))
         self.engine = Engine(self.settings, self.dir)
         self.log = NullLog(self.settings.topic("commands"))
-        for p in range(PARTITIONS):  # step 1 done: every partition is fenced, restored and empty
-            self.engine.producers[p] = NullProducer(self.log)
+        # Steps 0 and 1 done: every partition is owned, restored and empty.
+        self.engine.producer, self.engine.owned = NullProducer(self.log), frozenset(range(PARTITIONS))
+        for p in range(PARTITIONS):
             self.engine._expected[p] = 0
             self.engine.covered[p] = 0
         self.codec = codec()

@@ -16,12 +16,12 @@ history in both. What it writes to the changelog and snapshots topics is produce
 is written and in order, to a real broker under two topic prefixes: one with the changelog only (no snapshot
 exists) and one with the changelog and its snapshots. Nothing is kept in memory but librdkafka's queue, so a
 history of 1,000,000 commands costs what 10,000 do in memory (kept whole, 100,000 took 1.8 GB). A fresh Engine
-with an empty data directory then restores all 8 partitions of each (Engine.restore: the fence, the log-end
-write, the snapshot if any, the changelog replay), and the wall time is printed with the records it replayed,
+with an empty data directory is then assigned all 8 partitions of each (Engine.assign: their transactional
+ids initialised) and restores them (Engine.restore: the log-end write, the snapshot if any, the changelog replay), and the wall time is printed with the records it replayed,
 and for the restore with snapshots where that time went:
 
-    fixed     per partition whatever the history: the fenced producer (init_transactions), the aborted write
-              that finds the logs' ends
+    fixed     whatever the history: the partitions' transactional ids initialised (concurrently), and per
+              partition the aborted write that finds the logs' ends
     snapshot  reading the latest snapshot and loading its pairs into the store
     replay    reading the changelog's tail and applying it (the rest of the restore)
 
@@ -80,9 +80,7 @@ def history(decided: int, plain: Settings, snapshotted: Settings, workload: str,
     kafka = Producer({**plain.kafka_config(), "enable.idempotence": True, "linger.ms": 20,
                       "compression.type": "lz4", "queue.buffering.max.kbytes": 64 * 1024})
     bench = Bench(users=users, per_record=500)
-    producers = [PublishingProducer(bench.log, kafka, plain, snapshotted) for _ in range(PARTITIONS)]
-    for p in range(PARTITIONS):
-        bench.engine.producers[p] = producers[p]
+    producer = bench.engine.producer = PublishingProducer(bench.log, kafka, plain, snapshotted)
     bench.setup()
     before = bench.log.records[bench.settings.topic("results")]
     if workload == "local":
@@ -92,7 +90,7 @@ def history(decided: int, plain: Settings, snapshotted: Settings, workload: str,
     results = bench.log.records[bench.settings.topic("results")] - before
     bench.close()
     assert kafka.flush(300) == 0, "records not delivered"
-    return results, sum(p.published["changelog"] for p in producers)
+    return results, producer.published["changelog"]
 
 
 def local_commands(bench: Bench, count: int, in_flight: int = 2000) -> None:
@@ -122,7 +120,7 @@ class Split:
 
     def __init__(self, engine: Engine):
         self.seconds: Counter = Counter()
-        for name, phase in (("_fence", "fixed"), ("_log_ends", "fixed"), ("_restore_snapshot", "snapshot")):
+        for name, phase in (("assign", "fixed"), ("_log_ends", "fixed"), ("_restore_snapshot", "snapshot")):
             setattr(engine, name, self._timed(getattr(engine, name), phase))
 
     def _timed(self, method, phase: str):
@@ -142,6 +140,7 @@ def restore_all(settings: Settings) -> tuple[float, int, int, Counter]:
     engine = Engine(settings, data)
     split = Split(engine)
     began = time.perf_counter()
+    engine.assign(range(PARTITIONS))
     for p in range(PARTITIONS):
         engine.restore(p)
     elapsed = time.perf_counter() - began

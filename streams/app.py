@@ -23,7 +23,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streams import config, limits, logs, metrics
-from streams import authn, batching
+from streams import authn, batching, membership
 from streams.malloc_arenas import cap_malloc_arenas, fix_mmap_threshold
 from streams import ticks
 from streams.engine import CommandRecord, Engine
@@ -96,8 +96,34 @@ METRICS_PORT = int(os.environ.get("LEDGER_METRICS_PORT", "0"))
 METRICS_HOST = os.environ.get("LEDGER_METRICS_HOST", "127.0.0.1")  # the address the metrics listen on
 
 
+class _Assignment:
+    """Faust resumes fetching (its recovery service) while the on_partitions_assigned signal's handlers still run,
+    so the agent could take records before the engine has taken the assignment (Engine.assign, which takes a
+    moment: one init_transactions per partition). Each rebalance opens a wait at its revocation; the agent waits
+    for it to close before it decides anything."""
+
+    def __init__(self):
+        self._done: asyncio.Future | None = None
+
+    def begin(self) -> None:
+        if self._done is None or self._done.done():
+            self._done = asyncio.get_running_loop().create_future()
+
+    def end(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
+
+    async def wait(self) -> None:
+        if self._done is not None:
+            await self._done
+
+
+_assignment = _Assignment()
+
+
 @app.on_partitions_revoked.connect
 async def on_revoked(sender, revoked, **kwargs) -> None:
+    _assignment.begin()  # Faust sends this once the batch in flight is acked, before the group is rejoined
     engine.invalidate()
     for tp in revoked:  # their lag is another worker's to report now (a quiet worker would keep showing it)
         if _lag.pop(tp, None) is not None:
@@ -106,7 +132,26 @@ async def on_revoked(sender, revoked, **kwargs) -> None:
 
 @app.on_partitions_assigned.connect
 async def on_assigned(sender, assigned, **kwargs) -> None:
-    engine.invalidate()
+    """The whole assignment of this generation (the eager protocol): the engine initialises the partitions'
+    transactional ids and keeps the membership its transactions send (Engine.assign)."""
+    _assignment.begin()
+    topic = commands.get_topic_name()
+    owned = sorted(tp.partition for tp in assigned if tp.topic == topic)
+    try:
+        await asyncio.to_thread(engine.assign, owned, _membership())
+    except BaseException:
+        log.exception("could not take the partitions assigned (%s); exiting", owned)
+        logging.shutdown()
+        os._exit(70)
+    _assignment.end()
+
+
+def _membership() -> bytes:
+    """This worker's membership of the group as of the assignment being handed over: aiokafka's group
+    coordinator has set the generation and member id before it calls the listener (streams/membership.py)."""
+    coordinator = app.consumer._thread._ensure_consumer()._coordinator
+    return membership.group_metadata(coordinator.group_id, coordinator.generation, coordinator.member_id,
+                                     coordinator._group_instance_id)
 
 
 def _topics_too_small() -> list[str]:
@@ -206,6 +251,7 @@ async def ledger_worker(stream):
             for e in events
         ]
         try:
+            await _assignment.wait()
             await engine.process(records)
             if METRICS_PORT:
                 metrics.record_latency([r.timestamp_ms for r in records], round(time.time() * 1000))

@@ -25,13 +25,14 @@ from typing import Any, Callable
 EXIT_CODE = 86  # distinct from the commit path's own exit (70) and from a signal
 
 POINTS = {
-    "after_outputs": "step 3 done (outputs produced, unflushed, inside open transactions), changelog not yet produced",
-    "during_transaction_commit": "step 4, one partition: outputs, redo records and mark flushed in its open "
-                                 "transaction, the commit not asked for",
-    "after_changelog": "step 4 done (every transaction committed), step 5 not started",
+    "after_outputs": "step 3 done (outputs produced, unflushed, inside the batch's open transaction), changelog "
+                     "not yet produced",
+    "during_transaction_commit": "step 4: outputs, redo records and marks flushed and the commands offsets sent in "
+                                 "the batch's open transaction, the commit not asked for",
+    "after_changelog": "step 4 done (the transaction committed), step 5 not started",
     "before_write": "step 5, one partition: its transaction committed, its WriteBatch not yet written",
     "after_write": "step 5, one partition: its WriteBatch written, the batch's other partitions maybe not",
-    "during_restore": "step 1, one partition: fenced, changelog records read (at least one), nothing applied",
+    "during_restore": "step 1, one partition: changelog records read (at least one), nothing applied",
 }
 
 

@@ -3,35 +3,38 @@
 Commit path of one batch (the numbered steps the crash-safety argument in docs/engine.md refers to).
 [name] marks a crash point (streams/crashpoints.py): tests make the worker exit or pause right there.
 
-  1. For every partition of the batch that is not known to be current (after start or a rebalance): make
-     the partition's transactional producer (transactional.id "<prefix>ledger-p<partition>") and call
-     init_transactions, which fences every earlier producer of that id (another worker that owned the
-     partition, or this worker before a restart) and aborts its open transaction. Then restore: replay
-     the changelog (read_committed) from the offset stored in the partition's RocksDB to the end, and
-     learn the commands offset the changelog covers. A store whose offset is beyond the changelog's end
-     is refused: it is wiped and rebuilt from the changelog.
+  0. At every assignment (Engine.assign): for each partition assigned, initialise its transactional.id
+     "<prefix>ledger-p<partition>" (init_transactions aborts the open transaction of whoever used it last,
+     a worker that died or lost the partition, and fences that producer), and keep the producer of the
+     lowest one: every batch commits on it, in one transaction, with the worker's group membership.
+  1. For every partition of the batch that is not known to be current (after start or a rebalance):
+     restore: replay the changelog (read_committed) from the offset stored in the partition's RocksDB to
+     the end, and learn the commands offset the changelog covers. A store whose offset is beyond the
+     changelog's end is refused: it is wiped and rebuilt from the changelog.
      [during_restore]: changelog records of a partition read, none applied to RocksDB yet.
   2. Decide every record in partition order (PartitionProcessor.handle); state writes are only staged.
      A record below the partition's covered offset was committed before (its results are published):
      it is skipped, with no new result. Once OUTPUTS_PER_COMMIT outputs are staged, steps 3-5 run for
      what was decided so far (between records), and deciding goes on.
-  3. Per partition: begin a transaction and produce its outputs (results, history, balances, dead
+  3. Begin the batch's transaction and produce every partition's outputs (results, history, balances, dead
      letters, follow-up commands) into it.
-     [after_outputs]: every partition's outputs produced (not yet flushed) inside open transactions.
-  4. Per partition, in the same transaction: one changelog record per decided command (the complete redo
-     record), then a covered mark (key m/covered: the next commands offset this transaction covers). Then
-     commit the transactions (each partition's on its own producer, concurrently). A fenced producer (another
-     worker initialised the partition's transactional.id) cannot commit: the worker exits unacked.
-     [during_transaction_commit]: one partition's records produced and flushed, its commit not asked for.
-     [after_changelog]: every transaction committed, nothing of the batch in RocksDB.
+     [after_outputs]: the outputs produced (not yet flushed) inside the open transaction.
+  4. In the same transaction, per partition: one changelog record per decided command (the complete redo
+     record), then a covered mark (key m/covered: the next commands offset this transaction covers). Flush,
+     send the commands offsets with the worker's group membership (streams/membership.py: the group
+     coordinator refuses them from a worker that is no longer the partitions' owner), then commit. A worker
+     fenced (its producer's id initialised by another, or its membership out of date) cannot commit: it
+     exits unacked.
+     [during_transaction_commit]: every record produced and flushed, the offsets sent, the commit not asked for.
+     [after_changelog]: the transaction committed, nothing of the batch in RocksDB.
   5. Per partition: write all staged state, the next changelog offset and the covered offset in one
      RocksDB WriteBatch.
      [before_write] / [after_write]: around one partition's WriteBatch (the batch's other partitions
      may be written already, or not yet).
   6. Return; the caller acks the records, and Faust commits their offsets later.
 
-A crash anywhere leaves each partition's transaction either committed (outputs, redo records and mark all
-visible to read_committed readers) or not (none of them visible, ever). Step 1 repairs the rest: the changelog
+A crash anywhere leaves the batch's transaction either committed (outputs, redo records and marks of all its
+partitions visible to read_committed readers) or not (none of them visible, ever). Step 1 repairs the rest: the changelog
 is the truth and RocksDB a cache of it; a committed record redelivered is skipped (its mark covers it), an
 uncommitted one is decided again with byte-identical outputs (determinism, P7), and a command whose changelog
 record exists is answered from the inbox, never applied twice (P4).
@@ -46,6 +49,7 @@ import logging
 import os
 import shutil
 import time
+import concurrent.futures
 from concurrent.futures import ThreadPoolExecutor
 from collections import Counter
 from dataclasses import dataclass
@@ -67,18 +71,23 @@ from streams.store import RocksStore
 log = logging.getLogger("ledger.engine")
 FLUSH_TIMEOUT_S = 60.0
 FATAL_REASON_WAIT_S = 2.0  # how long a refused call waits for the fatal error callback that says why (_raise)
+# How long step 4 waits for the group coordinator to take the transaction's offsets. It answers in milliseconds,
+# or in seconds while it loads after moving; but librdkafka's send_offsets_to_transaction can stay blocked past
+# its own timeout, for good, when the coordinator's broker went away (librdkafka issues 5456 and 5511, open in
+# 2026): the call is made on the pool and given up after this, which ends the batch unacknowledged (the worker
+# exits, and its transaction is aborted by its successor's step 0).
+OFFSETS_TIMEOUT_S = float(os.environ.get("LEDGER_OFFSETS_TIMEOUT_S", "20"))
 # Follow-up commands sharing one CommandBatch record: far below Kafka's 1 MiB default record limit.
 FOLLOW_UPS_PER_RECORD = 500
 FOLLOW_UP_RECORD_BYTES = 512 * 1024
 # Outputs staged before steps 3-5 run within a batch: bounds memory and the size of one flush.
 OUTPUTS_PER_COMMIT = int(os.environ.get("LEDGER_OUTPUTS_PER_COMMIT", "20000"))
-# How long the broker lets a transaction stay open before aborting it itself. A successor's init_transactions
-# aborts a dead or paused owner's transaction at once, so this bounds only a transaction nobody takes over (its
-# records hold back read_committed readers of the partitions it wrote, commands partitions of other workers
-# included, until then). It must exceed the longest commit (FLUSH_TIMEOUT_S of sends, then the commit).
+# How long the broker lets a transaction stay open before aborting it itself. The next owner of the committing
+# producer's partition aborts a dead or paused worker's transaction at once (step 0), so this bounds only a
+# transaction nobody takes over (its records hold back read_committed readers of the partitions it wrote,
+# commands partitions of other workers included, until then). It must exceed the longest commit
+# (FLUSH_TIMEOUT_S of sends, then the commit).
 TRANSACTION_TIMEOUT_MS = int(os.environ.get("LEDGER_TRANSACTION_TIMEOUT_MS", "90000"))
-# Commit the transactions of a batch's partitions one after another instead of concurrently (benchmarks only).
-SERIAL_COMMITS = os.environ.get("LEDGER_SERIAL_COMMITS", "") == "1"
 # The changelog record that closes each transaction: key COVERED_MARK, value the next commands offset covered.
 COVERED_MARK = b"m/covered"
 COVERED_KEY = b"m/covered"  # the same, in the partition's RocksDB
@@ -97,9 +106,9 @@ def _snapshot_mark(offset: int, chunks: int) -> bytes:
 class _Reader:
     """The records of one topic partition from `start`, read_committed, until the partition-EOF event passes
     `end`. Transaction markers take offsets but yield no record, so progress comes from the EOF event, not
-    from a record's offset. The caller has fenced the partition's transactional id, so no transaction of
-    ours is open; a fenced zombie's is aborted by then, and the broker aborts any other after
-    TRANSACTION_TIMEOUT_MS: wait that long at most. `position` is the next offset after what was read."""
+    from a record's offset. An earlier owner's open transaction holds it back until the partition's new owners
+    abort it (Engine.assign: whoever owns the partition whose transactional id that owner committed on, at the
+    same rebalance), and the broker aborts any other after TRANSACTION_TIMEOUT_MS: wait that long at most. `position` is the next offset after what was read."""
 
     def __init__(self, consumer: Consumer, topic: str, partition: int, start: int, end: int):
         self.consumer, self.topic, self.partition, self.start, self.end = consumer, topic, partition, start, end
@@ -195,10 +204,16 @@ def _producer(settings: Settings, **extra) -> Producer:
 
 # Every transactional.id of the workers starts with the prefix and this stem (connectors/acl.py grants them).
 TRANSACTIONAL_ID_STEM = "ledger-p"
+# Errors that say the worker no longer owns what it commits: its producer's id was initialised by another
+# producer, or the group coordinator refused its membership (a later generation, or no longer a member).
+FENCES = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+          KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_INSTANCE_ID)
 
 
 def transactional_id(settings: Settings, partition: int) -> str:
-    """One transactional.id per partition (and topic prefix): whoever initialises it fences the previous owner."""
+    """One transactional.id per partition (and topic prefix). Whoever is assigned the partition initialises it,
+    which aborts the open transaction of the producer that used it last and fences that producer; a worker
+    commits on the id of the lowest partition it owns (Engine.assign)."""
     return f"{settings.prefix}{TRANSACTIONAL_ID_STEM}{partition}"
 
 
@@ -213,10 +228,15 @@ class Engine:
         self.seal = Seal.from_env()  # seals the follow-up commands this worker writes (streams/seal.py)
         # Who the clients are and what each may do (streams/authn.py); None: the ledger runs open (dev mode).
         self.clients = Clients.from_env()
-        # One transactional producer per partition served, made (and initialised: the fence) at its restore.
-        self.producers: dict[int, Producer] = {}
-        # The fatal error each partition's producer reported (error_cb): a send refused later says only _FATAL.
-        self._fatal: dict[int, KafkaError] = {}
+        # The one transactional producer every batch commits on, made at each assignment (assign) for the
+        # partitions in `owned`, and the fatal error it reported (error_cb: a send refused later says only _FATAL).
+        self.producer: Producer | None = None
+        self._fatal: dict[str, KafkaError] = {}
+        self.owned: frozenset[int] = frozenset()
+        # The worker's group membership (streams/membership.py), sent with each transaction's commands offsets so
+        # that the group coordinator refuses the commit of a worker that lost its partitions. None: the engine
+        # is driven without a consumer group (benchmarks, tests), and no offsets are sent.
+        self.membership: bytes | None = None
         self.processors: dict[int, PartitionProcessor] = {}
         # Next changelog offset of each partition as of its restore or last commit; absent = must restore
         # first. Only the event loop's thread touches it, and _generation counts rebalances, so an offset
@@ -270,14 +290,40 @@ class Engine:
         self._generation += 1
         self._expected.clear()
 
-    def _fence(self, partition: int) -> Producer:
-        """Step 1, first half: a fresh transactional producer for the partition; init_transactions fences
-        every earlier producer of its transactional.id and aborts (or completes) its open transaction."""
+    def assign(self, partitions, membership: bytes | None = None) -> None:
+        """Step 0 (blocking), at every assignment of the workers' group: the partitions this worker owns now and
+        its membership. Every partition's transactional id is initialised, concurrently: whoever used one last
+        (a worker that owned the partition before, dead, paused or moved on; this worker before a restart) has
+        its open transaction aborted and its producer fenced, so no earlier owner's transaction is left holding
+        a restore back. The lowest partition's producer is kept, and every batch commits on it."""
+        self.invalidate()
+        self._take(frozenset(partitions), membership)
+
+    def _take(self, partitions: frozenset[int], membership: bytes | None) -> None:
+        old, self.producer, self._fatal = self.producer, None, {}
+        self.owned, self.membership = partitions, membership
+        if old is not None:
+            old.close()  # idle: Faust lets the batch in flight end before it rejoins the group
+        if not partitions:
+            return
+        committer, fatal = min(partitions), self._fatal
+
+        def initialise(p: int) -> None:
+            producer = self._fence(p, fatal if p == committer else {})
+            if p == committer:
+                self.producer = producer
+            else:
+                producer.close()
+
+        self._map(initialise, sorted(partitions))
+
+    def _fence(self, partition: int, fatal: dict[str, KafkaError]) -> Producer:
+        """A fresh transactional producer with the partition's transactional.id; init_transactions fences
+        every earlier producer of the id and aborts (or completes) its open transaction."""
         def on_error(error: KafkaError) -> None:
             if error.fatal():  # e.g. "Fatal error: Local: This instance has been fenced by a newer instance"
-                self._fatal[partition] = error
+                fatal["error"] = error
 
-        self._fatal.pop(partition, None)
         producer = _producer(self.settings, **{"transactional.id": transactional_id(self.settings, partition),
                                                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
                                                "error_cb": on_error})
@@ -297,13 +343,12 @@ class Engine:
                 if not exc.args[0].retriable() or attempt == 4:
                     raise
                 time.sleep(0.5)
-        self.producers[partition] = producer
         return producer
 
     def _log_ends(self, partition: int, names: tuple[str, ...] = ("changelog", "snapshots")) -> dict[str, int]:
         """The true log end offset of the partition of each named topic, learnt by writing one record to each
         in a transaction that is then aborted (so it advances a lagging high watermark and is never read)."""
-        producer, landed = self.producers[partition], {}
+        producer, landed = self.producer, {}
 
         def on_delivery(err, msg) -> None:
             if err is None:
@@ -479,7 +524,10 @@ class Engine:
 
     def restore(self, partition: int) -> int:
         """Step 1 for one partition (blocking; run it in a thread). Returns the next changelog offset."""
-        self._fence(partition)
+        if partition not in self.owned:
+            if self.membership is not None:  # the group gave it to another worker: never decide its commands
+                raise RuntimeError(f"partition {partition} is not assigned to this worker ({sorted(self.owned)})")
+            self._take(self.owned | {partition}, None)  # driven without a consumer group (benchmarks, tests)
         proc = self.processor(partition)
         start = proc.state.changelog_offset()
         # read_committed: never an aborted transaction's records.
@@ -539,7 +587,7 @@ class Engine:
     async def process(self, records: list[CommandRecord]) -> None:
         # The next changelog offset of each partition of this batch, as of its restore. The batch commits
         # against these even if a rebalance invalidates them meanwhile (its records are acked when it ends, so
-        # it must not drop work): if another worker took a partition, our transaction for it is fenced.
+        # it must not drop work): if another worker took a partition, our transaction is fenced.
         generation = self._generation
         owned: dict[int, int] = {}
         for partition in dict.fromkeys(r.partition for r in records):  # 1.
@@ -588,23 +636,23 @@ class Engine:
         return time.perf_counter() - started
 
     def commit(self, owned: dict[int, int], upto: dict[int, int]) -> None:
-        """Steps 3-5 (blocking) for the partitions in upto (partition: next commands offset decided).
-        owned: the next changelog offset of each partition, moved on in place."""
+        """Steps 3-5 (blocking) for the partitions in upto (partition: next commands offset decided), in one
+        transaction. owned: the next changelog offset of each partition, moved on in place."""
         batches = {p: self.processors[p].take() for p in upto}
-        marks: dict[int, dict[bytes, bytes]] = {}
-        for p, (outputs, _) in batches.items():  # 3.
-            producer = self.producers[p]
-            marks[p] = {COVERED_KEY: str(upto[p]).encode()}
-            with self._failing_as_delivery(p):  # a fence can come back from any of these calls
-                producer.begin_transaction()
+        producer = self.producer
+        marks = {p: {COVERED_KEY: str(upto[p]).encode()} for p in batches}
+        with self._failing_as_delivery(batches):  # a fence can come back from any of these calls
+            producer.begin_transaction()
+            for p, (outputs, _) in batches.items():  # 3.
                 if self._snapshot_due(p, owned[p]):
                     marks[p][SNAPSHOT_KEY] = self._send_snapshot(p, producer, owned[p])
                 self._send(outputs, producer)
-        # No flush here: the outputs, redo records and mark are one transaction, all visible or none, so the
+        # No flush here: the outputs, redo records and marks are one transaction, all visible or none, so the
         # outputs need not be acknowledged before the redo records are sent; step 4's flush covers both.
         crash_point("after_outputs", batches)
         last: dict[int, int] = {}
-        self._map(lambda p: self._commit_partition(p, batches[p][1], upto[p], last), batches)  # 4.
+        with self._failing_as_delivery(batches):
+            self._commit_transaction({p: changelog for p, (_, changelog) in batches.items()}, upto, last)  # 4.
         crash_point("after_changelog", upto)
         for p in batches:  # 5.
             state = self.processors[p].state
@@ -619,57 +667,65 @@ class Engine:
     def _map(self, fn, partitions) -> None:
         """fn(p) for every partition, concurrently on the pool (librdkafka calls release the GIL)."""
         partitions = list(partitions)
-        if SERIAL_COMMITS or len(partitions) == 1:
-            for p in partitions:
-                fn(p)
+        if len(partitions) == 1:
+            fn(partitions[0])
             return
         for future in [self._pool.submit(fn, p) for p in partitions]:
             future.result()
 
-    def _commit_partition(self, p: int, changelog: list[bytes], covered: int, last: dict[int, int]) -> None:
-        """Step 4 for one partition: its redo records and covered mark, then the transaction's commit."""
-        with self._failing_as_delivery(p):
-            self._commit_transaction(p, changelog, covered, last)
-
     @contextlib.contextmanager
-    def _failing_as_delivery(self, p: int):
-        """A Kafka error of partition p's transaction ends the batch unacknowledged as DeliveryFailed, a fence
+    def _failing_as_delivery(self, partitions):
+        """A Kafka error of the batch's transaction ends the batch unacknowledged as DeliveryFailed, a fence
         named as one (_raise), whichever call of steps 3-4 it came from."""
         try:
             yield
         except KafkaException as exc:
-            self._raise(p, exc)
+            self._raise(partitions, exc)
         except SystemError as exc:
             # confluent-kafka raises a fatal error (a fence) from inside flush(); when librdkafka logs a line in the
             # same call, the Python log callback runs with that exception pending and the KafkaException comes out
             # wrapped in a SystemError. It is still the fence.
             if isinstance(exc.__cause__, KafkaException):
-                self._raise(p, exc.__cause__)
+                self._raise(partitions, exc.__cause__)
             raise
 
-    def _commit_transaction(self, p: int, changelog: list[bytes], covered: int, last: dict[int, int]) -> None:
-        producer = self.producers[p]
+    def _commit_transaction(self, changelogs: dict[int, list[bytes]], upto: dict[int, int],
+                            last: dict[int, int]) -> None:
+        """Step 4: every partition's redo records and covered mark, the commands offsets with the membership,
+        then the commit."""
+        producer = self.producer
         topic = self._topics["changelog"]
         errors: list[str] = []
 
         def on_delivery(err, msg) -> None:
             if err is not None:
-                errors.append(f"changelog[{p}]: " + str(err))
+                errors.append(f"changelog[{msg.partition()}]: " + str(err))
             else:
-                last[p] = max(last.get(p, -1), msg.offset())
+                last[msg.partition()] = max(last.get(msg.partition(), -1), msg.offset())
 
-        for value in changelog:
-            produce(producer, topic, value, partition=p, on_delivery=on_delivery)
-        produce(producer, topic, str(covered).encode(), COVERED_MARK, partition=p, on_delivery=on_delivery)
+        for p, changelog in changelogs.items():
+            for value in changelog:
+                produce(producer, topic, value, partition=p, on_delivery=on_delivery)
+            produce(producer, topic, str(upto[p]).encode(), COVERED_MARK, partition=p, on_delivery=on_delivery)
         remaining = producer.flush(FLUSH_TIMEOUT_S)
         if remaining or errors:
             # A fenced producer's sends fail too: say so, and end the worker (nothing of it becomes visible).
             fenced = [e for e in errors if "fenc" in e.lower() or "epoch" in e.lower()]
             if fenced:
-                log.warning("partition %d: transaction fenced: another worker owns the partition now (%s); "
-                            "exiting without acknowledging the batch", p, fenced[0])
-            raise DeliveryFailed(f"partition {p}: {remaining} unacknowledged; " + "; ".join(errors[:5]))
-        crash_point("during_transaction_commit", p)
+                self._say_fenced(changelogs, fenced[0])
+            raise DeliveryFailed(f"partitions {sorted(changelogs)}: {remaining} unacknowledged; "
+                                 + "; ".join(errors[:5]))
+        if self.membership is not None:
+            commands = self._topics["commands"]
+            offsets = [TopicPartition(commands, p, upto[p]) for p in changelogs]
+            sent = self._pool.submit(producer.send_offsets_to_transaction, offsets, self.membership,
+                                     OFFSETS_TIMEOUT_S)
+            try:
+                sent.result(OFFSETS_TIMEOUT_S + 1)
+            except concurrent.futures.TimeoutError:
+                raise DeliveryFailed(f"partitions {sorted(changelogs)}: the group coordinator did not take the "
+                                     f"transaction's offsets within {OFFSETS_TIMEOUT_S:.0f} s") from None
+        crash_point("during_transaction_commit", sorted(changelogs))
         for attempt in range(5):
             try:
                 producer.commit_transaction(FLUSH_TIMEOUT_S)
@@ -680,31 +736,35 @@ class Engine:
                     continue  # the outcome is unknown: committing again is what librdkafka asks for
                 raise
 
-    def _raise(self, p: int, exc: KafkaException) -> None:
+    @staticmethod
+    def _say_fenced(partitions, reason) -> None:
+        for p in sorted(partitions):
+            log.warning("partition %d: transaction fenced: another worker owns the partition now (%s); "
+                        "exiting without acknowledging the batch", p, reason)
+
+    def _raise(self, partitions, exc: KafkaException) -> None:
         error = exc.args[0]
-        if error.code() == KafkaError._FATAL and p not in self._fatal and p in self.producers:
+        if error.code() == KafkaError._FATAL and "error" not in self._fatal and self.producer is not None:
             # The producer turned fatal in its own thread (the broker fenced it) and refused this call with a bare
             # _FATAL. The reason comes out of the next poll: confluent-kafka raises it there as a KafkaException
             # (the error callback is not called for it; measured with a fenced transactional producer), or,
             # with other versions, serves it to the error callback. Asked for up to FATAL_REASON_WAIT_S, on this
             # failure path only.
             deadline = time.monotonic() + FATAL_REASON_WAIT_S
-            while p not in self._fatal and time.monotonic() < deadline:
+            while "error" not in self._fatal and time.monotonic() < deadline:
                 try:
-                    self.producers[p].poll(0.05)
+                    self.producer.poll(0.05)
                 except KafkaException as reason:
-                    self._fatal[p] = reason.args[0]
+                    self._fatal["error"] = reason.args[0]
                 except Exception:  # noqa: BLE001 - only the reason is wanted here; the failure is raised below
                     break
-        if error.code() == KafkaError._FATAL and p in self._fatal:
+        if error.code() == KafkaError._FATAL and "error" in self._fatal:
             # A producer that became fatal in an earlier call refuses every later one with a bare _FATAL; the
             # reason is the fatal error it reported then (a fence, for a transactional producer).
-            error = self._fatal[p]
-        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH) \
-                or "fenc" in error.str().lower():
-            log.warning("partition %d: transaction fenced: another worker owns the partition now (%s); "
-                        "exiting without acknowledging the batch", p, error)
-        raise DeliveryFailed(f"partition {p}: transaction failed: {error}") from exc
+            error = self._fatal["error"]
+        if error.code() in FENCES or "fenc" in error.str().lower():
+            self._say_fenced(partitions, error)
+        raise DeliveryFailed(f"partitions {sorted(partitions)}: transaction failed: {error}") from exc
 
     def _send(self, outputs: list[Output], producer: Producer) -> None:
         """One partition's outputs, into its open transaction. Failures surface at the commit."""
@@ -771,9 +831,9 @@ class Engine:
         return state.expiries.due_by(now_ms) or state.copy_dues.due_by(now_ms) or state.waiting.dues.due_by(now_ms)
 
     def close(self) -> None:
-        for producer in self.producers.values():
-            producer.flush(FLUSH_TIMEOUT_S)
-        self.producers.clear()
+        if self.producer is not None:
+            self.producer.flush(FLUSH_TIMEOUT_S)
+            self.producer = None
         for proc in self.processors.values():
             proc.state.store.close()
         self.processors.clear()

@@ -17,13 +17,13 @@ from streams import crashpoints
 from tests.harness import assert_exactly_once
 
 # (point, nth): late enough that the batch holds client commands and engine follow-ups (cross-partition
-# credits, two-phase votes); during_transaction_commit and step 5's points are reached once per partition.
+# credits, two-phase votes); step 5's points are reached once per partition of a commit, the others once per commit.
 CASES = [("after_outputs", 2), ("during_transaction_commit", 3), ("after_changelog", 2), ("before_write", 3),
          ("after_write", 3), ("during_restore", 3)]
 USERS = 40
 # `make test` runs two points with a smaller backlog: during_restore (the restore path, where a lagging high
-# watermark once let committed commands be decided twice) and during_transaction_commit (some partitions of a
-# batch committed, others not: the window the per-partition transactions exist for). In `make test` the kill -9
+# watermark once let committed commands be decided twice) and during_transaction_commit (the batch's whole
+# transaction flushed and left open: the restarted worker's assignment aborts it). In `make test` the kill -9
 # loop's kills land in the other four windows by chance, and the zombie test pauses at after_outputs. `make
 # test-long` (marker `long`) runs every point with the larger backlog. Either size reaches every point with client commands and
 # engine follow-ups in the batch (the nth occurrences above come early). docs/testing.md, "What make test runs".

@@ -35,25 +35,44 @@ def _wrapped(cause: BaseException | None) -> SystemError:
 def _commit_raising(tmp_path, exc: BaseException) -> Engine:
     eng = Engine(NO_BROKER, tmp_path)
 
-    def commit_transaction(p, changelog, covered, last):
+    def commit_transaction(changelogs, upto, last):
         raise exc
 
     eng._commit_transaction = commit_transaction  # the Kafka side: what flush() raised
     return eng
 
 
+def _step_4(eng: Engine) -> None:
+    """Step 4 of a batch of partition 3, as Engine.commit runs it."""
+    with eng._failing_as_delivery([3]):
+        eng._commit_transaction({3: []}, {3: 10}, {})
+
+
 @pytest.mark.parametrize("raised", [_fence(), _wrapped(_fence())], ids=["plain", "wrapped-in-SystemError"])
 def test_a_fence_ends_the_batch_unacknowledged(tmp_path, caplog, raised):
     eng = _commit_raising(tmp_path, raised)
-    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match="partition 3: transaction failed"):
-        eng._commit_partition(3, [], 10, {})
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match=r"partitions \[3\]: transaction failed"):
+        _step_4(eng)
     assert any("transaction fenced" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize("code", [KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID])
+def test_offsets_refused_for_an_out_of_date_membership_are_a_fence(tmp_path, caplog, code):
+    """The group coordinator refuses the transaction's commands offsets from a worker that lost its partitions
+    (a later generation, or no longer a member): an abortable error of send_offsets_to_transaction, named a
+    fence, and the batch ends unacknowledged."""
+    refused = KafkaException(KafkaError(code, "Failed to commit offsets to transaction: Broker: Specified group "
+                                              "generation id is not valid", txn_requires_abort=True))
+    eng = _commit_raising(tmp_path, refused)
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match=r"partitions \[3\]"):
+        _step_4(eng)
+    assert any("partition 3: transaction fenced" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_a_system_error_without_a_kafka_cause_is_not_taken_for_a_fence(tmp_path):
     eng = _commit_raising(tmp_path, _wrapped(None))
     with pytest.raises(SystemError):
-        eng._commit_partition(3, [], 10, {})
+        _step_4(eng)
 
 
 def test_a_send_refused_after_the_producer_became_fatal_is_named_by_the_fatal_error_it_reported(tmp_path, caplog):
@@ -61,16 +80,16 @@ def test_a_send_refused_after_the_producer_became_fatal_is_named_by_the_fatal_er
     message: Local: Fatal error"); the fence it reported then (error_cb) names it."""
     bare = KafkaException(KafkaError(KafkaError._FATAL, "Unable to produce message: Local: Fatal error", fatal=True))
     eng = _commit_raising(tmp_path, bare)
-    eng._fatal[3] = KafkaError(KafkaError._FATAL, "Fatal error: Local: This instance has been fenced by a newer "
+    eng._fatal["error"] = KafkaError(KafkaError._FATAL, "Fatal error: Local: This instance has been fenced by a newer "
                                                   "instance: Producer fenced", fatal=True)
-    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match="partition 3: transaction failed"):
-        eng._commit_partition(3, [], 10, {})
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match=r"partitions \[3\]: transaction failed"):
+        _step_4(eng)
     assert any("transaction fenced" in r.getMessage() for r in caplog.records), caplog.text
     # Without such a report, a bare _FATAL is not taken for a fence.
     caplog.clear()
     eng._fatal.clear()
     with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed):
-        eng._commit_partition(3, [], 10, {})
+        _step_4(eng)
     assert not any("transaction fenced" in r.getMessage() for r in caplog.records)
 
 
@@ -102,8 +121,8 @@ def test_a_fence_while_step_3_sends_ends_the_batch_unacknowledged(tmp_path, capl
     proc = eng.processor(3)
     proc.state.store.write({b"a/x": b"{}"}, set())  # something to snapshot
     proc.dead_letter(0, 0, b"k", b"\x00", "undecodable", "a record to send")  # an output
-    producer = eng.producers[3] = _FencedWhileSending()
-    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match="partition 3: transaction failed"):
+    producer = eng.producer = _FencedWhileSending()
+    with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match=r"partitions \[3\]: transaction failed"):
         eng.commit({3: 5}, {3: 1})
     assert producer.sent == 1
     assert any("transaction fenced" in r.getMessage() for r in caplog.records), caplog.text
@@ -120,10 +139,10 @@ def test_a_send_refused_before_the_fence_was_reported_is_named_by_it_once_served
 
     class Reporting:
         def poll(self, timeout):  # what the error callback registered by Engine._fence does when served
-            eng._fatal[3] = fence
+            eng._fatal["error"] = fence
             return 0
 
-    eng.producers[3] = Reporting()
+    eng.producer = Reporting()
     with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match="fenced by a newer instance"):
-        eng._commit_partition(3, [], 10, {})
+        _step_4(eng)
     assert any("transaction fenced" in r.getMessage() for r in caplog.records), caplog.text

@@ -1,0 +1,95 @@
+"""A worker's transaction carries its group membership, and the group coordinator refuses it from a worker that is
+no longer a member of the group's current generation (streams/membership.py, docs/engine.md "The commit path").
+
+On the real broker, with a real consumer group: the fence that keeps a worker that lost its partitions (paused
+past its session, then woken) from committing, whichever worker took its partitions and whenever."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+
+import pytest
+from confluent_kafka import Consumer
+
+from projections.topics import read_topic
+from streams import membership
+from streams.engine import CommandRecord, DeliveryFailed, Engine
+from tests.helpers.records import local_users, open_account
+
+NOW_MS = 1_700_000_000_000
+
+
+def _member(settings, group: str) -> Consumer:
+    consumer = Consumer({**settings.kafka_config(), "group.id": group, "enable.auto.commit": False,
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    consumer.subscribe([settings.topic("commands")])
+    return consumer
+
+
+def _generation(metadata: bytes) -> int:
+    return struct.unpack("=i", metadata[len(membership.MAGIC):len(membership.MAGIC) + 4])[0]
+
+
+def _until(condition, members: list[Consumer], what: str, timeout_s: float = 60) -> None:
+    """Poll every member (a rebalance needs them all) until the condition holds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        for member in members:
+            member.poll(0.1)
+
+
+def _result_ids(settings) -> set[str]:
+    return {r.value["command_id"] for r in read_topic(settings, "results") if r.value is not None}
+
+
+def test_the_membership_is_what_librdkafka_makes_of_the_same_member(settings):
+    group = f"{settings.prefix}membership"
+    consumer = _member(settings, group)
+    try:
+        _until(lambda: consumer.assignment(), [consumer], "an assignment")
+        real = consumer.consumer_group_metadata()
+        assert _generation(real) >= 1
+        assert membership.group_metadata(group, _generation(real), consumer.memberid()) == real
+    finally:
+        consumer.close()
+
+
+def test_refuses_ids_librdkafka_could_not_read():
+    with pytest.raises(ValueError):
+        membership.group_metadata("workers", 1, "member\x00id")
+    with pytest.raises(ValueError):
+        membership.group_metadata("wörkers", 1, "member")
+
+
+def test_a_worker_whose_generation_has_passed_cannot_commit(settings, tmp_path, caplog):
+    """The engine commits under the membership of the first member; a second member joins and the group moves to
+    a new generation. The engine's next transaction (under the old membership) is refused by the group
+    coordinator: the batch ends unacknowledged, named a fence, and none of its outputs is visible."""
+    group = f"{settings.prefix}workers"
+    first = _member(settings, group)
+    second = None
+    engine = Engine(settings, tmp_path / "engine")
+    try:
+        _until(lambda: len(first.assignment()) == settings.partitions, [first], "the first member's assignment")
+        old = first.consumer_group_metadata()
+        engine.assign(range(settings.partitions), old)
+        before, after = local_users(2)  # both in partition 0
+        asyncio.run(engine.process([CommandRecord(0, 0, NOW_MS, b"k", open_account(before))]))
+        assert f"open:{before}" in _result_ids(settings), "committed under the current membership"
+
+        second = _member(settings, group)
+        _until(lambda: second.assignment() and _generation(first.consumer_group_metadata()) > _generation(old),
+               [first, second], "a new generation with both members")
+        with caplog.at_level(logging.WARNING), pytest.raises(DeliveryFailed, match=r"partitions \[0\]"):
+            asyncio.run(engine.process([CommandRecord(0, 1, NOW_MS, b"k", open_account(after))]))
+        assert "partition 0: transaction fenced" in caplog.text, caplog.text
+        ids = _result_ids(settings)
+        assert f"open:{before}" in ids and f"open:{after}" not in ids, "the refused transaction was aborted"
+    finally:
+        engine.close()
+        first.close()
+        if second is not None:
+            second.close()
