@@ -221,8 +221,16 @@ class A:
     assert [f.split(" ", 1)[1] for f in found] == ["imports streams.partition._helper", "proc._theirs"]
 
 
+# Library internals a module reads on purpose, each with its reason where it is read. streams/app.py: the group
+# membership a worker's transactions carry (streams/membership.py) exists only in aiokafka's group coordinator,
+# which Faust keeps behind its consumer thread (Faust reads the generation the same way, faust/transport/drivers/
+# aiokafka.py, ConsumerRebalanceListener.on_partitions_assigned).
+LIBRARY_INTERNALS = {"streams/app.py": {"_thread", "_ensure_consumer", "_coordinator", "_group_instance_id"}}
+
+
 def test_no_module_of_streams_touches_another_modules_private_members():
-    found = [f for m in modules("streams").values() for f in private_touches(m)]
+    found = [f for m in modules("streams").values() for f in private_touches(m)
+             if f.rsplit(".", 1)[-1] not in LIBRARY_INTERNALS.get(f.split(":", 1)[0], ())]
     assert not found, f"{len(found)} touches of another module's private members:\n" + "\n".join(found)
 
 
