@@ -152,7 +152,11 @@ class DeliveryFailed(RuntimeError):
 
 
 class BatchStats:
-    """Where a worker's time goes, logged every few seconds: batch sizes, deciding, emitting and committing."""
+    """Where a worker's time goes, logged every few seconds: batch sizes, deciding, emitting and committing, and
+    the commit's own steps (milliseconds per commit, mean): sending the outputs (step 3), flushing them with the
+    redo records (4), the offsets with the membership (4), the commit itself (4), the RocksDB writes (5)."""
+
+    STEPS = ("send", "flush", "offsets", "end", "store")
 
     def __init__(self, every_s: float = 10.0):
         self.every_s = every_s
@@ -160,14 +164,19 @@ class BatchStats:
 
     def reset(self) -> None:
         self.since = time.monotonic()
-        self.batches = self.commands = 0
+        self.batches = self.commands = self.commits = 0
         self.decide_s = self.commit_s = 0.0
+        self.steps = dict.fromkeys(self.STEPS, 0.0)
 
     def add(self, commands: int, decide_s: float, commit_s: float) -> None:
         self.batches += 1
         self.commands += commands
         self.decide_s += decide_s
         self.commit_s += commit_s
+
+    def step(self, name: str, seconds: float) -> None:
+        self.steps[name] += seconds
+        self.commits += name == "store"
 
     def due(self) -> bool:
         return time.monotonic() - self.since >= self.every_s
@@ -177,6 +186,9 @@ class BatchStats:
         text = (f"{self.commands / elapsed:.0f} commands/s in {self.batches} batches "
                 f"(avg {self.commands / max(self.batches, 1):.0f}); deciding {self.decide_s / elapsed:.0%}, "
                 f"emitting+committing {self.commit_s / elapsed:.0%} of the time")
+        if self.commits:
+            text += "; per commit " + ", ".join(f"{name} {seconds * 1000 / self.commits:.1f}"
+                                                 for name, seconds in self.steps.items()) + " ms"
         self.reset()
         return text
 
@@ -638,6 +650,7 @@ class Engine:
     def commit(self, owned: dict[int, int], upto: dict[int, int]) -> None:
         """Steps 3-5 (blocking) for the partitions in upto (partition: next commands offset decided), in one
         transaction. owned: the next changelog offset of each partition, moved on in place."""
+        began = time.perf_counter()
         batches = {p: self.processors[p].take() for p in upto}
         producer = self.producer
         marks = {p: {COVERED_KEY: str(upto[p]).encode()} for p in batches}
@@ -650,10 +663,12 @@ class Engine:
         # No flush here: the outputs, redo records and marks are one transaction, all visible or none, so the
         # outputs need not be acknowledged before the redo records are sent; step 4's flush covers both.
         crash_point("after_outputs", batches)
+        self.stats.step("send", time.perf_counter() - began)
         last: dict[int, int] = {}
         with self._failing_as_delivery(batches):
             self._commit_transaction({p: changelog for p, (_, changelog) in batches.items()}, upto, last)  # 4.
         crash_point("after_changelog", upto)
+        began = time.perf_counter()
         for p in batches:  # 5.
             state = self.processors[p].state
             crash_point("before_write", p)
@@ -663,6 +678,7 @@ class Engine:
             crash_point("after_write", p)
             self.covered[p] = upto[p]
             owned[p] = last[p] + 1
+        self.stats.step("store", time.perf_counter() - began)
 
     def _map(self, fn, partitions) -> None:
         """fn(p) for every partition, concurrently on the pool (librdkafka calls release the GIL)."""
@@ -707,7 +723,9 @@ class Engine:
             for value in changelog:
                 produce(producer, topic, value, partition=p, on_delivery=on_delivery)
             produce(producer, topic, str(upto[p]).encode(), COVERED_MARK, partition=p, on_delivery=on_delivery)
+        began = time.perf_counter()
         remaining = producer.flush(FLUSH_TIMEOUT_S)
+        self.stats.step("flush", time.perf_counter() - began)
         if remaining or errors:
             # A fenced producer's sends fail too: say so, and end the worker (nothing of it becomes visible).
             fenced = [e for e in errors if "fenc" in e.lower() or "epoch" in e.lower()]
@@ -715,6 +733,7 @@ class Engine:
                 self._say_fenced(changelogs, fenced[0])
             raise DeliveryFailed(f"partitions {sorted(changelogs)}: {remaining} unacknowledged; "
                                  + "; ".join(errors[:5]))
+        began = time.perf_counter()
         if self.membership is not None:
             commands = self._topics["commands"]
             offsets = [TopicPartition(commands, p, upto[p]) for p in changelogs]
@@ -726,9 +745,12 @@ class Engine:
                 raise DeliveryFailed(f"partitions {sorted(changelogs)}: the group coordinator did not take the "
                                      f"transaction's offsets within {OFFSETS_TIMEOUT_S:.0f} s") from None
         crash_point("during_transaction_commit", sorted(changelogs))
+        self.stats.step("offsets", time.perf_counter() - began)
+        began = time.perf_counter()
         for attempt in range(5):
             try:
                 producer.commit_transaction(FLUSH_TIMEOUT_S)
+                self.stats.step("end", time.perf_counter() - began)
                 return
             except KafkaException as exc:
                 error = exc.args[0]
