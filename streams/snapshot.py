@@ -12,7 +12,7 @@ Records of one snapshot, all keyed so compaction keeps the latest snapshot only,
   manifest    JSON: the changelog offset and covered commands offset the state corresponds to, the number of
               chunks and pairs, the SHA-256 of the chunks, and the offset of chunk/0 in the snapshots partition;
               written last, in the same transaction
-Only the partition's transactional producer writes there, so a committed snapshot's chunks are the committed
+Only the partition's owner writes there, in its transactions, so a committed snapshot's chunks are the committed
 records from chunk/0's offset to its manifest. A restore finds the latest manifest near the partition's end and
 reads only those (streams/engine.py), not every older snapshot compaction has not removed yet. The digest
 refuses anything else (a torn or mixed read).
