@@ -485,6 +485,38 @@ class Engine:
                 batch = {}
         store.write(batch, set())
 
+    def _store_agrees(self, proc: PartitionProcessor, consumer: Consumer, partition: int, start: int,
+                      low: int) -> bool:
+        """Whether the last covered mark committed in the changelog before `start` is the one the store holds.
+
+        A transaction the worker saw committed (commit_transaction returned, so step 5 wrote RocksDB) can still
+        lose its commit marker in the changelog partition when a broker dies while it writes the markers (Kafka
+        then completes the transaction without it: docs/reliability.md, "Hazards still open"); the next
+        transaction of the same producer that ends there settles those records: a commit keeps them, an abort
+        (this restore's own aborted write, by the same transactional id) discards them. Discarded, the store is
+        ahead of the changelog, which is the truth: its commands would be skipped as covered while their outputs
+        were discarded with them. Such a store is refused (rebuilt from the changelog, where those commands are
+        decided again with byte-identical outputs, P7). Read back from `start` in windows until a mark is found;
+        none down to `low`: nothing to compare with, the store is kept."""
+        raw = proc.state.store.get(COVERED_KEY)
+        if raw is None:
+            return True
+        window, begin = 64, start
+        while begin > low:
+            begin = max(low, start - window)
+            marks = [msg.value() for msg in self._read_committed(consumer, "changelog", partition, begin, start - 1)
+                     if msg.offset() < start and msg.key() == COVERED_MARK]
+            if marks:
+                if int(marks[-1]) == int(raw):
+                    return True
+                log.warning("partition %d: local state is ahead of the committed changelog (it covers commands "
+                            "below offset %d, the changelog's last committed mark before offset %d below %d: a "
+                            "transaction it saw committed was discarded); refused: wiping it and restoring from "
+                            "the changelog", partition, int(raw), start, int(marks[-1]))
+                return False
+            window *= 4
+        return True
+
     def _snapshot_due(self, p: int, offset: int) -> bool:
         if SNAPSHOT_EVERY <= 0:
             return False
@@ -563,6 +595,9 @@ class Engine:
                 # writes for another worker's. Rebuild it from the changelog.
                 log.warning("partition %d: local state is ahead of the changelog (offset %d, changelog ends at "
                             "%d); refused: wiping it and restoring from the changelog", partition, start, end)
+                proc = self._wipe(partition)
+                start = 0
+            elif start > low and not self._store_agrees(proc, consumer, partition, start, low):
                 proc = self._wipe(partition)
                 start = 0
             if start == 0 or start < low:

@@ -1,8 +1,10 @@
-"""A worker's transaction carries its group membership, and the group coordinator refuses it from a worker that is
-no longer a member of the group's current generation (streams/membership.py, docs/engine.md "The commit path").
+"""Who may commit a partition's changelog, and what a worker's store may claim of it (docs/engine.md, "The commit
+path"). On the real broker.
 
-On the real broker, with a real consumer group: the fence that keeps a worker that lost its partitions (paused
-past its session, then woken) from committing, whichever worker took its partitions and whenever."""
+A worker's transaction carries its group membership, and the group coordinator refuses it from a worker that is
+no longer a member of the group's current generation (streams/membership.py): the fence that keeps a worker that
+lost its partitions (paused past its session, then woken) from committing, whichever worker took its partitions
+and whenever. And a store that covers more than the committed changelog holds is refused at its restore."""
 from __future__ import annotations
 
 import asyncio
@@ -100,3 +102,47 @@ def test_a_worker_whose_generation_has_passed_cannot_commit(settings, tmp_path, 
         first.close()
         if second is not None:
             second.close()
+
+
+class _CommitAborts:
+    """The committing producer, except that its commit aborts while reporting success: what the worker sees when
+    a broker dies writing the transaction's commit markers and a later abort by the same transactional id
+    discards what it wrote (docs/reliability.md, "Hazards still open")."""
+
+    def __init__(self, producer):
+        self._producer = producer
+
+    def __getattr__(self, name):
+        return getattr(self._producer, name)
+
+    def __len__(self):
+        return len(self._producer)
+
+    def commit_transaction(self, timeout=None):
+        self._producer.abort_transaction(timeout)
+
+
+def test_a_store_ahead_of_the_committed_changelog_is_rebuilt_and_its_commands_decided_again(settings, tmp_path,
+                                                                                            caplog):
+    """The store covers a batch whose transaction the changelog does not hold: its restore refuses the store and
+    rebuilds it from the changelog, so the batch's command is decided again (its result published) instead of
+    being skipped as covered."""
+    first, second = local_users(2)
+    engine = Engine(settings, tmp_path / "engine")
+    try:
+        asyncio.run(engine.process([CommandRecord(0, 0, NOW_MS, b"k", open_account(first))]))
+        engine.producer = _CommitAborts(engine.producer)
+        asyncio.run(engine.process([CommandRecord(0, 1, NOW_MS, b"k", open_account(second))]))
+        assert engine.covered[0] == 2, "the store believes the second batch committed"
+    finally:
+        engine.close()
+    again = Engine(settings, tmp_path / "engine")
+    try:
+        with caplog.at_level(logging.WARNING):
+            again.restore(0)
+        assert "ahead of the committed changelog" in caplog.text, caplog.text
+        assert again.covered[0] == 1, "rebuilt from the changelog: the second command is not covered"
+        asyncio.run(again.process([CommandRecord(0, 1, NOW_MS, b"k", open_account(second))]))
+        assert f"open:{second}" in _result_ids(settings, f"open:{second}")
+    finally:
+        again.close()
