@@ -23,7 +23,11 @@ MAGIC = b"CGMDv2:"
 
 
 def group_metadata(group_id: str, generation: int, member_id: str, instance_id: str | None = None) -> bytes:
-    """The membership as confluent-kafka's producer takes it for `send_offsets_to_transaction`."""
+    """The membership as confluent-kafka's producer takes it for `send_offsets_to_transaction`. A generation below
+    0 with no member id is what a consumer outside any generation holds (aiokafka's reset state), and the group
+    coordinator checks nothing for it: refused, it would turn the fence off."""
+    if generation < 0 or not member_id:
+        raise ValueError(f"not a member of a generation (generation {generation}, member id {member_id!r})")
     for name, text in (("group id", group_id), ("member id", member_id), ("instance id", instance_id or "")):
         if not text.isprintable() or not text.isascii():  # librdkafka refuses anything else when it reads them
             raise ValueError(f"{name} {text!r} is not printable ASCII")

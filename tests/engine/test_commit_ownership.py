@@ -71,6 +71,8 @@ def test_refuses_ids_librdkafka_could_not_read():
         membership.group_metadata("workers", 1, "member\x00id")
     with pytest.raises(ValueError):
         membership.group_metadata("wörkers", 1, "member")
+    with pytest.raises(ValueError):  # outside any generation: the coordinator would check nothing
+        membership.group_metadata("workers", -1, "")
 
 
 def test_a_worker_whose_generation_has_passed_cannot_commit(settings, tmp_path, caplog):
